@@ -1,0 +1,127 @@
+"""One function every path uses to turn arbitrary event metadata into valid, bounded OpenTelemetry attributes.
+
+OpenTelemetry attribute values must be str, bool, int (64-bit), float or homogeneous sequences of those; anything
+else is dropped by the SDK with a warning, and an out-of-range int fails the whole export batch in the protobuf
+encoder. Users' metadata is arbitrary (nested dicts, bytes, self-referencing containers, huge strings), so every
+value is made valid here, keys are namespaced so metadata can never pose as resource or semantic-convention
+attributes, and sizes are bounded. Whatever is altered or left out is counted (see ``_selftelemetry``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import Enum
+from typing import Any
+
+from torchelastic_otel import _selftelemetry
+
+__all__ = ["flatten", "attribute_value", "MAX_ATTRIBUTES", "MAX_STRING_LENGTH", "MAX_DEPTH"]
+
+#: At most this many attributes come out of one mapping; the rest are counted as dropped.
+MAX_ATTRIBUTES = 96
+#: Longer strings are cut to this many characters (and counted as sanitized).
+MAX_STRING_LENGTH = 8192
+#: Nested dicts are flattened into dotted keys this deep; deeper levels become JSON strings.
+MAX_DEPTH = 3
+#: Longest attribute key kept whole.
+MAX_KEY_LENGTH = 256
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_PRIMITIVES = (bool, int, float, str)
+
+
+def _text(value: str, signal: str) -> str:
+    if len(value) > MAX_STRING_LENGTH:
+        _selftelemetry.count(_selftelemetry.SANITIZED, signal, "string_truncated")
+        return value[:MAX_STRING_LENGTH]
+    return value
+
+
+def _json_text(value: Any, signal: str) -> str:
+    """JSON for containers that have no attribute form; ``repr`` where JSON cannot say it (cycles, odd keys)."""
+    try:
+        text = json.dumps(value, default=str, allow_nan=True)
+    except (ValueError, TypeError, RecursionError):
+        try:
+            text = repr(value)
+        except Exception:  # a user's __repr__ may raise
+            text = f"<unrepresentable {type(value).__name__}>"
+    _selftelemetry.count(_selftelemetry.SANITIZED, signal, "value_serialized")
+    return _text(text, signal)
+
+
+def attribute_value(value: Any, signal: str = "logs") -> Any:
+    """A valid OTel attribute value for ``value`` (``None`` means: leave the attribute out)."""
+    if value is None:
+        return None
+    if isinstance(value, Enum):
+        value = value.value
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if _INT64_MIN <= value <= _INT64_MAX:
+            return value
+        _selftelemetry.count(_selftelemetry.SANITIZED, signal, "int_out_of_range")
+        return str(value)
+    if isinstance(value, float):
+        return value
+    if isinstance(value, str):
+        return _text(value, signal)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        _selftelemetry.count(_selftelemetry.SANITIZED, signal, "bytes_decoded")
+        return _text(bytes(value).decode("utf-8", "replace"), signal)
+    if isinstance(value, (list, tuple)):
+        return _sequence_value(value, signal)
+    if isinstance(value, (dict, set, frozenset)):
+        return _json_text(value if isinstance(value, dict) else sorted(value, key=repr), signal)
+    try:
+        text = str(value)
+    except Exception:
+        text = f"<unprintable {type(value).__name__}>"
+    _selftelemetry.count(_selftelemetry.SANITIZED, signal, "value_stringified")
+    return _text(text, signal)
+
+
+def _sequence_value(seq: list | tuple, signal: str) -> Any:
+    """Homogeneous primitive sequences stay arrays (ints widen to floats beside floats); others become JSON."""
+    if not seq:
+        return []
+    kinds = {bool if isinstance(v, bool) else type(v) for v in seq}
+    if kinds <= {int, float} and all(_INT64_MIN <= v <= _INT64_MAX for v in seq if type(v) is int):
+        return [float(v) for v in seq] if float in kinds else list(seq)
+    if len(kinds) == 1 and kinds <= {bool, str}:
+        return [_text(v, signal) for v in seq] if str in kinds else list(seq)
+    return _json_text(seq, signal)
+
+
+def _key(key: Any) -> str:
+    text = key if isinstance(key, str) else str(key.value if isinstance(key, Enum) else key)
+    return text[:MAX_KEY_LENGTH] or "_"
+
+
+def flatten(mapping: Any, prefix: str, out: dict[str, Any], signal: str = "logs", depth: int = 0) -> dict[str, Any]:
+    """Add ``mapping``'s items to ``out`` as ``{prefix}{key}`` attributes; nested dicts become dotted keys.
+
+    ``None`` values are left out by design (OTel has no null attribute). Returns ``out``.
+    """
+    if not isinstance(mapping, dict):
+        return out
+    for raw_key, value in list(mapping.items()):
+        key = prefix + _key(raw_key)
+        if isinstance(value, dict) and depth < MAX_DEPTH and value is not mapping:
+            flatten(value, key + ".", out, signal, depth + 1)
+            continue
+        converted = attribute_value(value, signal)
+        if converted is None:
+            continue
+        if len(out) >= MAX_ATTRIBUTES and key not in out:
+            _selftelemetry.count(_selftelemetry.DROPPED, signal, "attribute_limit")
+            continue
+        out[key] = converted
+    return out
+
+
+def finite_or_none(value: float) -> float | None:
+    """``value`` if it is a finite number, else ``None`` (histograms and counters cannot take NaN or inf)."""
+    return value if math.isfinite(value) else None

@@ -1,0 +1,114 @@
+"""The bridge's own bookkeeping: what it sanitized, dropped or failed to export.
+
+Telemetry must never fail silently, and it must never raise into the job either. Every place that drops or alters
+data calls :func:`count`; the metrics adapter exports the totals as ``torchelastic_otel.dropped`` and
+``torchelastic_otel.sanitized`` (attributes ``signal`` and ``reason``), and the first occurrence of each reason is
+logged once as a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+__all__ = ["count", "snapshot", "DROPPED", "SANITIZED"]
+
+_logger = logging.getLogger("torchelastic_otel")
+
+DROPPED = "dropped"
+SANITIZED = "sanitized"
+
+_lock = threading.Lock()
+_counts: dict[tuple[str, str, str], int] = {}
+
+
+def count(kind: str, signal: str, reason: str, n: int = 1) -> None:
+    """Add ``n`` to the ``kind`` ("dropped" or "sanitized") counter of ``signal`` and ``reason``; never raises."""
+    key = (kind, signal, reason)
+    with _lock:
+        first = key not in _counts
+        _counts[key] = _counts.get(key, 0) + n
+    if first and kind == DROPPED:
+        _logger.warning("torchelastic_otel dropped %s data (%s); counted in torchelastic_otel.dropped", signal, reason)
+
+
+def snapshot(kind: str | None = None) -> dict[tuple[str, str, str], int]:
+    """A copy of the counters, optionally only those of one kind."""
+    with _lock:
+        return {k: v for k, v in _counts.items() if kind is None or k[0] == kind}
+
+
+def total(kind: str, signal: str | None = None, reason: str | None = None) -> int:
+    """Sum of the counters matching ``kind`` and, when given, ``signal`` and ``reason``."""
+    return sum(
+        v
+        for (k, s, r), v in snapshot(kind).items()
+        if (signal is None or s == signal) and (reason is None or r == reason)
+    )
+
+
+def _reset_after_fork() -> None:
+    """A forked child starts with its own counts: the parent's are the parent's to export."""
+    global _lock
+    _lock = threading.Lock()
+    _counts.clear()
+
+
+import os as _os  # noqa: E402
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+# ---- export of the counters as OpenTelemetry instruments -----------------------------------------------------
+
+_instrumented: set[int] = set()
+_before_collect: list = []
+
+
+def add_before_collect(hook) -> None:  # type: ignore[no-untyped-def]
+    """Run ``hook()`` at the start of every metric collection (the metric adapter drains its buffer there, so a
+    collection -- a Prometheus scrape, a periodic export, a flush -- sees every value put before it)."""
+    if hook not in _before_collect:
+        _before_collect.append(hook)
+
+
+def _observe(kind: str):  # type: ignore[no-untyped-def]
+    from opentelemetry.metrics import Observation
+
+    def callback(options):  # type: ignore[no-untyped-def]
+        if kind == DROPPED:
+            for hook in list(_before_collect):
+                try:
+                    hook()
+                except Exception:
+                    _logger.debug("before-collect hook failed", exc_info=True)
+        return [Observation(v, {"signal": s, "reason": r}) for (_k, s, r), v in snapshot(kind).items()]
+
+    return callback
+
+
+def instrument(meter_provider) -> None:  # type: ignore[no-untyped-def]
+    """Register ``torchelastic_otel.dropped`` and ``torchelastic_otel.sanitized`` on ``meter_provider`` (once)."""
+    key = id(meter_provider)
+    if key in _instrumented:
+        return
+    _instrumented.add(key)
+    try:
+        from torchelastic_otel.version import __version__
+
+        meter = meter_provider.get_meter("torchelastic_otel", __version__)
+        meter.create_observable_counter(
+            "torchelastic_otel.dropped",
+            callbacks=[_observe(DROPPED)],
+            unit="{item}",
+            description="Telemetry the bridge could not deliver, by signal and reason",
+        )
+        meter.create_observable_counter(
+            "torchelastic_otel.sanitized",
+            callbacks=[_observe(SANITIZED)],
+            unit="{item}",
+            description="Values the bridge had to alter to make them valid, by signal and reason",
+        )
+    except Exception:
+        _logger.debug("could not register self-telemetry instruments", exc_info=True)

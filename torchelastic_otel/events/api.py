@@ -1,0 +1,189 @@
+"""Event data types, byte-compatible with ``torch.distributed.elastic.events.api``.
+
+The classes mirror torch's field for field so that ``serialize()`` of an event built the torch way produces the
+same JSON as torch's, and JSON written by either side deserializes on the other. On top of that, :class:`Event`
+also accepts the legacy ``torchelastic.events`` constructor (``Event(name, type="...", metadata=..., timestamp=...)``)
+so code written against either API works after a prefix change. The legacy handler interface lives here as well,
+as it did in ``torchelastic.events.api``.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, Union
+
+__all__ = [
+    "EventSource",
+    "Event",
+    "NodeState",
+    "RdzvEvent",
+    "EventMetadataValue",
+    "EventHandler",
+    "ConsoleEventHandler",
+    "NullEventHandler",
+]
+
+EventMetadataValue = Union[str, int, float, bool, None]
+
+#: The legacy API's default event type, reserved for platform events.
+DEFAULT_EVENT_TYPE = "torchelastic"
+
+
+class EventSource(str, Enum):
+    """Known identifiers of the event producers."""
+
+    AGENT = "AGENT"
+    WORKER = "WORKER"
+
+
+class NodeState(str, Enum):
+    """The states that a node can be in rendezvous."""
+
+    INIT = "INIT"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+def _is_source(value: object) -> bool:
+    """True for an ``EventSource`` or its string value, i.e. the torch-style second positional argument."""
+    return isinstance(value, EventSource) or value in EventSource._value2member_map_
+
+
+@dataclass(init=False)
+class Event:
+    """A generic event of a torchelastic job (same fields and JSON as torch's ``Event``).
+
+    Args:
+        name: event name.
+        source: the event producer, e.g. agent or worker.
+        timestamp: timestamp in milliseconds when the event occurred (0: "now" when exported).
+        metadata: additional data associated with the event.
+        type / event_type: the legacy ``torchelastic.events`` routing key (keyword only). The legacy positional
+            form ``Event(name, "my_type", {...}, ts)`` is recognised too: a second positional argument that is not
+            an ``EventSource`` is taken as the legacy type.
+
+    Only the four torch fields are dataclass fields, so ``asdict``/``serialize`` stay byte-compatible with torch.
+    A legacy event serializes with ``"source": null`` and an extra ``"type"`` key.
+    """
+
+    name: str
+    source: EventSource
+    timestamp: int = 0
+    metadata: dict[str, EventMetadataValue] = field(default_factory=dict)
+
+    def __init__(
+        self,
+        name: str,
+        source: EventSource | str | None = None,
+        timestamp: Any = 0,
+        metadata: Any = None,
+        *,
+        type: str | None = None,  # noqa: A002 - the legacy API's keyword
+        event_type: str | None = None,
+    ) -> None:
+        legacy_type = event_type if event_type is not None else type
+        if source is not None and not _is_source(source):
+            # Legacy positional order: Event(name, type, metadata, timestamp).
+            legacy_type, source = str(source), None
+            if timestamp is None or isinstance(timestamp, dict):
+                timestamp, metadata = (metadata if metadata is not None else 0), timestamp
+        self.name = name
+        self.source = source  # type: ignore[assignment]
+        self.timestamp = timestamp
+        self.metadata = metadata if metadata is not None else {}
+        self._type = legacy_type
+
+    @property
+    def type(self) -> str:
+        """The legacy event type (routing key of :func:`record_event`); ``torchelastic`` unless given."""
+        return self._type if self._type is not None else DEFAULT_EVENT_TYPE
+
+    event_type = type
+
+    def __str__(self) -> str:
+        return self.serialize()
+
+    @staticmethod
+    def deserialize(data: Union[str, "Event"]) -> "Event":
+        if isinstance(data, Event):
+            return data
+        data_dict = json.loads(data)
+        legacy_type = data_dict.pop("type", None)
+        src = data_dict.get("source")
+        data_dict["source"] = EventSource[src] if src is not None else None
+        return Event(**data_dict, type=legacy_type)
+
+    def serialize(self) -> str:
+        data = asdict(self)
+        if self._type is not None and self.source is None:
+            data["type"] = self._type
+        return json.dumps(data)
+
+
+@dataclass
+class RdzvEvent:
+    """A rendezvous event (same fields and JSON as torch's ``RdzvEvent``).
+
+    Args:
+        name: Event name. (E.g. Current action being performed)
+        run_id: The run id of the rendezvous
+        message: The message describing the event
+        hostname: Hostname of the node
+        pid: The process id of the node
+        node_state: The state of the node (INIT, RUNNING, SUCCEEDED, FAILED)
+        master_endpoint: The master endpoint for the rendezvous store, if known
+        rank: The rank of the node, if known
+        local_id: The local_id of the node, if defined in dynamic_rendezvous.py
+        error_trace: Error stack trace, if this is an error event.
+    """
+
+    name: str
+    run_id: str
+    message: str
+    hostname: str
+    pid: int
+    node_state: NodeState
+    master_endpoint: str = ""
+    rank: int | None = None
+    local_id: int | None = None
+    error_trace: str = ""
+
+    def __str__(self) -> str:
+        return self.serialize()
+
+    @staticmethod
+    def deserialize(data: Union[str, "RdzvEvent"]) -> "RdzvEvent":
+        if isinstance(data, RdzvEvent):
+            return data
+        data_dict = json.loads(data)
+        data_dict["node_state"] = NodeState[data_dict["node_state"]]
+        return RdzvEvent(**data_dict)
+
+    def serialize(self) -> str:
+        return json.dumps(asdict(self))
+
+
+class EventHandler(abc.ABC):
+    """Legacy ``torchelastic.events`` handler interface: receives every event of the types it is configured for."""
+
+    @abc.abstractmethod
+    def record(self, event: Event) -> None:
+        """Process one event."""
+
+
+class ConsoleEventHandler(EventHandler):
+    """Prints each event as ``[type]: <event JSON>``."""
+
+    def record(self, event: Event) -> None:
+        print(f"[{getattr(event, 'type', DEFAULT_EVENT_TYPE)}]: {event.serialize()}")
+
+
+class NullEventHandler(EventHandler):
+    """The default legacy handler: ignores events."""
+
+    def record(self, event: Event) -> None:
+        return None

@@ -1,0 +1,249 @@
+"""Metric adapter: torchelastic metric streams become OpenTelemetry instruments.
+
+``emit`` is on the job's hot path (torch's agent calls it ~40 times a second, users may call it per step), and an
+SDK instrument call costs ~10x torch's whole null ``put_metric``. So ``emit`` only appends the ``MetricData`` to a
+bounded buffer; the values reach the SDK instruments (chosen by the rule table in :mod:`.rules`) from a background
+drainer every ``TORCHELASTIC_OTEL_METRICS_DRAIN_INTERVAL`` seconds (default 0.5), at the start of every metric
+collection, and at every flush. A full buffer drops the newest value and counts it; nothing blocks the caller.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import os
+import threading
+import weakref
+from typing import Any, Callable
+
+from torchelastic_otel import _selftelemetry, pipeline
+from torchelastic_otel.metrics.api import MetricData, MetricHandler
+from torchelastic_otel.metrics.rules import DEFAULT_RULES, DURATION_BUCKETS_S, Binding, MetricRule, resolve
+from torchelastic_otel.version import __version__
+
+__all__ = ["OtelMetricHandler", "DEFAULT_MAX_PENDING"]
+
+_logger = logging.getLogger("torchelastic_otel")
+
+#: Values buffered per handler before new ones are dropped (and counted).
+DEFAULT_MAX_PENDING = 65536
+#: Distinct (group, name) pairs whose resolution is cached; further ones are resolved on every value.
+_MAX_BINDINGS = 4096
+_INT64 = 2**63
+
+
+def _number(value: Any) -> float | int | None:
+    """A finite int/float for ``value`` (bools count as ints), else ``None``."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value if -_INT64 <= value < _INT64 else float(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        return number if math.isfinite(number) else None
+    try:
+        number = float(value)  # numpy scalars, torch 0-d tensors, Decimals
+    except (TypeError, ValueError, OverflowError):
+        return None
+    except Exception:
+        return None
+    return number if math.isfinite(number) else None
+
+
+class _Bound:
+    """A resolved (group, name): the SDK call to make, the scale, the attributes and what values it accepts."""
+
+    __slots__ = ("call", "scale", "attributes", "non_negative")
+
+    def __init__(self, call: Callable[..., None], binding: Binding) -> None:
+        self.call = call
+        self.scale = binding.scale
+        self.attributes = binding.attributes
+        self.non_negative = binding.kind in ("counter", "histogram")
+
+
+class OtelMetricHandler(MetricHandler):
+    """A ``MetricHandler`` exporting to OpenTelemetry instruments by a rule table.
+
+    Args:
+        meter_provider: the provider to use; default: the bridge's pipeline (global or built from ``OTEL_*``).
+        rules: the rule table (default :data:`~torchelastic_otel.metrics.DEFAULT_RULES`).
+        delegate: another handler that also receives every value (e.g. ``ConsoleMetricHandler()``).
+        max_pending: buffer bound; values beyond it are dropped and counted.
+    """
+
+    def __init__(
+        self,
+        meter_provider: Any = None,
+        rules: list[MetricRule] | tuple[MetricRule, ...] | None = None,
+        delegate: MetricHandler | None = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
+    ) -> None:
+        self.delegate = delegate
+        self.rules = tuple(rules) if rules is not None else DEFAULT_RULES
+        self._meter_provider = meter_provider
+        self._pending: collections.deque[MetricData] = collections.deque()
+        self._max_pending = max_pending
+        self._overflow = 0
+        self._drain_lock = threading.Lock()
+        self._generation = -1
+        self._meter: Any = None
+        self._instruments: dict[str, Any] = {}
+        self._bound: dict[tuple[str, str], _Bound] = {}
+        if meter_provider is None:
+            pipeline.get_pipeline()  # set the global providers now, before the application starts spans
+        _drainer.register(self)
+
+    # -- hot path ------------------------------------------------------------------------------------------------
+    def emit(self, metric_data: MetricData) -> None:
+        """Buffer one value (O(1), no lock, no SDK call)."""
+        pending = self._pending
+        if len(pending) < self._max_pending:
+            pending.append(metric_data)
+        else:
+            self._overflow += 1
+        if self.delegate is not None:
+            self.delegate.emit(metric_data)
+
+    # -- off the hot path ----------------------------------------------------------------------------------------
+    def drain(self) -> int:
+        """Move every buffered value into its instrument; returns how many were recorded. Never raises."""
+        with self._drain_lock:
+            overflow, self._overflow = self._overflow, 0
+            if overflow:
+                _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "buffer_full", overflow)
+            pending = self._pending
+            if not pending:
+                return 0
+            self._ensure_meter()
+            recorded = 0
+            while pending:
+                try:
+                    data = pending.popleft()
+                except IndexError:
+                    break
+                recorded += self._record(data)
+            return recorded
+
+    def _ensure_meter(self) -> None:
+        if self._meter_provider is not None:
+            if self._meter is None:
+                self._meter = self._meter_provider.get_meter("torchelastic_otel", __version__)
+                _selftelemetry.instrument(self._meter_provider)
+            return
+        generation = pipeline._generation[0]
+        if self._meter is None or generation != self._generation:
+            provider = pipeline.get_pipeline().meter_provider
+            self._meter = provider.get_meter("torchelastic_otel", __version__)
+            _selftelemetry.instrument(provider)
+            self._instruments.clear()
+            self._bound.clear()
+            self._generation = generation
+
+    def _record(self, data: MetricData) -> int:
+        try:
+            group, name = data.group_name, data.name
+            key = (group, name)
+            bound = self._bound.get(key)
+            if bound is None:
+                bound = self._bind(str(group), str(name))
+                if len(self._bound) < _MAX_BINDINGS:
+                    self._bound[key] = bound
+            value = _number(data.value)
+            if value is None:
+                _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "non_numeric_value")
+                return 0
+            if bound.non_negative and value < 0:
+                _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "negative_value")
+                return 0
+            bound.call(value * bound.scale if bound.scale != 1.0 else value, bound.attributes)
+            return 1
+        except Exception as exc:
+            _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "record_error")
+            _logger.debug("torchelastic_otel: metric dropped: %s", exc, exc_info=True)
+            return 0
+
+    def _bind(self, group: str, name: str) -> _Bound:
+        binding = resolve(self.rules, group, name)
+        instrument = self._instruments.get(binding.instrument)
+        if instrument is None:
+            instrument = self._create(binding)
+            self._instruments[binding.instrument] = instrument
+        if binding.kind == "histogram":
+            call = instrument.record
+        elif binding.kind == "gauge":
+            call = instrument.set
+        else:
+            call = instrument.add
+        return _Bound(call, binding)
+
+    def _create(self, binding: Binding) -> Any:
+        meter, name, unit, desc = self._meter, binding.instrument, binding.unit, binding.description
+        if binding.kind == "counter":
+            return meter.create_counter(name, unit=unit, description=desc)
+        if binding.kind == "updown_counter":
+            return meter.create_up_down_counter(name, unit=unit, description=desc)
+        if binding.kind == "histogram":
+            buckets = DURATION_BUCKETS_S if unit == "s" else None
+            return meter.create_histogram(
+                name, unit=unit, description=desc, explicit_bucket_boundaries_advisory=buckets
+            )
+        return meter.create_gauge(name, unit=unit, description=desc)
+
+
+class _Drainer:
+    """One daemon thread per process draining every live handler periodically; restarted after fork."""
+
+    def __init__(self) -> None:
+        self._handlers: weakref.WeakSet[OtelMetricHandler] = weakref.WeakSet()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        try:
+            self.interval = max(0.01, float(os.environ.get("TORCHELASTIC_OTEL_METRICS_DRAIN_INTERVAL", "0.5")))
+        except ValueError:
+            self.interval = 0.5
+
+    def register(self, handler: OtelMetricHandler) -> None:
+        self._handlers.add(handler)
+        self._start()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._stop = threading.Event()
+                self._thread = threading.Thread(target=self._run, name="torchelastic-otel-metrics", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        stop = self._stop
+        while not stop.wait(self.interval):
+            self.drain_all()
+
+    def drain_all(self) -> None:
+        for handler in list(self._handlers):
+            handler.drain()
+
+    def after_fork_in_child(self) -> None:
+        """Values buffered before the fork belong to the parent, which exports them; the child starts empty."""
+        self._lock = threading.Lock()
+        self._thread = None
+        for handler in list(self._handlers):
+            handler._pending.clear()
+            handler._overflow = 0
+            handler._drain_lock = threading.Lock()
+        if len(self._handlers):
+            self._start()
+
+
+_drainer = _Drainer()
+pipeline.add_flush_hook(_drainer.drain_all)
+_selftelemetry.add_before_collect(_drainer.drain_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drainer.after_fork_in_child)

@@ -1,0 +1,342 @@
+"""The exporter pipeline: tracer, meter and logger providers configured from the standard ``OTEL_*`` variables.
+
+It stands in for torchelastic's handlers. Rules, in order:
+
+1. Providers the application (or ``opentelemetry-instrument``) already set globally are reused, never replaced.
+2. For a signal with no global provider, one is built from ``OTEL_*`` with the SDK's own configuration code
+   (``opentelemetry.sdk._configuration``: exporter names and OTLP protocol per signal, sampler, id generator,
+   ``Resource.create`` for ``OTEL_RESOURCE_ATTRIBUTES``/``OTEL_SERVICE_NAME``) and set as the global provider so
+   the application's own spans and logs share it. ``OTEL_SERVICE_NAME`` defaults to ``torchelastic``; exporters
+   default to ``otlp`` as the specification says.
+3. ``OTEL_SDK_DISABLED=true`` gives no-op providers: nothing is recorded or exported.
+4. :func:`setup` lets a program pass its own providers explicitly instead.
+
+The bridge flushes at exit (and, in workers, on SIGTERM); SDK providers also shut themselves down at exit.
+A metric reader that cannot start (e.g. a Prometheus port already taken) is skipped with a warning and counted,
+so one bad exporter never costs the others.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import _logs, metrics, trace
+
+from torchelastic_otel import _selftelemetry
+
+__all__ = ["Pipeline", "get_pipeline", "setup", "flush", "shutdown", "DEFAULT_SERVICE_NAME", "sdk_disabled", "add_flush_hook"]
+
+_logger = logging.getLogger("torchelastic_otel")
+
+DEFAULT_SERVICE_NAME = "torchelastic"
+_DEFAULT_EXPORTER = "otlp"
+_SIGNAL_ENV = {
+    "traces": "OTEL_TRACES_EXPORTER",
+    "metrics": "OTEL_METRICS_EXPORTER",
+    "logs": "OTEL_LOGS_EXPORTER",
+}
+
+
+def sdk_disabled() -> bool:
+    """``OTEL_SDK_DISABLED`` as the specification reads it (case-insensitive ``true``)."""
+    return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
+@dataclass
+class Pipeline:
+    """The providers the bridge writes to, and whether it owns (built) them."""
+
+    tracer_provider: Any
+    meter_provider: Any
+    logger_provider: Any
+    owned: dict[str, bool] = field(default_factory=dict)
+
+    def flush(self, timeout_millis: int = 5000) -> bool:
+        """Drain the bridge's buffers, then force-flush every provider that supports it; never raises."""
+        for hook in list(_flush_hooks):
+            try:
+                hook()
+            except Exception:  # pragma: no cover - a hook must not stop the flush
+                _logger.debug("flush hook failed", exc_info=True)
+        ok = True
+        for provider in (self.meter_provider, self.logger_provider, self.tracer_provider):
+            force_flush = getattr(provider, "force_flush", None)
+            if force_flush is None:
+                continue
+            try:
+                result = force_flush(timeout_millis)
+                ok = ok and result is not False
+            except Exception:
+                ok = False
+                _logger.debug("force_flush failed", exc_info=True)
+        return ok
+
+    def shutdown(self) -> None:
+        """Flush, then shut down the providers this pipeline built (never the application's)."""
+        self.flush()
+        for signal, provider in (
+            ("metrics", self.meter_provider),
+            ("logs", self.logger_provider),
+            ("traces", self.tracer_provider),
+        ):
+            if self.owned.get(signal) and hasattr(provider, "shutdown"):
+                try:
+                    provider.shutdown()
+                except Exception:
+                    _logger.debug("shutdown of %s provider failed", signal, exc_info=True)
+
+
+_lock = threading.RLock()
+_pipeline: Pipeline | None = None
+_flush_hooks: list[Callable[[], None]] = []
+
+
+def add_flush_hook(hook: Callable[[], None]) -> None:
+    """Run ``hook`` before every flush: the adapters drain their buffers into the SDK there."""
+    _flush_hooks.append(hook)
+_atexit_registered = False
+
+
+def _is_unset(provider: Any) -> bool:
+    """True for the API's proxy providers, i.e. nobody has set a global provider yet."""
+    return type(provider).__name__.startswith(("Proxy", "_Proxy"))
+
+
+def _resource() -> Any:
+    """``Resource.create`` (env detectors, ``OTEL_RESOURCE_ATTRIBUTES``) with ``service.name`` defaulting to ours."""
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+    resource = Resource.create()
+    if not os.environ.get("OTEL_SERVICE_NAME") and str(resource.attributes.get(SERVICE_NAME, "")).startswith(
+        "unknown_service"
+    ):
+        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    from torchelastic_otel.resource import torchrun_attributes
+
+    # Attributes from torchrun's environment first, so an explicit OTEL_RESOURCE_ATTRIBUTES still wins.
+    return Resource(torchrun_attributes()).merge(resource)
+
+
+def _exporter_classes(signal: str) -> dict[str, type]:
+    """Exporter classes named by ``OTEL_{signal}_EXPORTER`` (default ``otlp``), resolved by the SDK's entry points."""
+    from opentelemetry.sdk._configuration import _get_exporter_names, _import_exporters
+
+    env = _SIGNAL_ENV[signal]
+    unset = env not in os.environ
+    if unset:
+        os.environ[env] = _DEFAULT_EXPORTER
+    try:
+        names = _get_exporter_names(signal)  # type: ignore[arg-type]
+    finally:
+        if unset:
+            del os.environ[env]
+    args: dict[str, list[str]] = {"traces": [], "metrics": [], "logs": []}
+    args[signal] = names
+    traces, metrics_, logs = _import_exporters(args["traces"], args["metrics"], args["logs"])
+    return {"traces": traces, "metrics": metrics_, "logs": logs}[signal]
+
+
+def _construct(signal: str, name: str, cls: type) -> Any | None:
+    """Instantiate one exporter/reader; a failure is logged and counted instead of losing the whole pipeline."""
+    try:
+        with _prometheus_port_for_this_process(cls):
+            return cls()
+    except Exception as exc:
+        _selftelemetry.count(_selftelemetry.DROPPED, signal, f"exporter_unavailable:{name}")
+        _logger.warning("torchelastic_otel: %s exporter %r could not start: %s", signal, name, exc)
+        return None
+
+
+class _prometheus_port_for_this_process:
+    """Give each worker of a node its own Prometheus port: ``OTEL_EXPORTER_PROMETHEUS_PORT + 1 + LOCAL_RANK``.
+
+    The agent (no ``LOCAL_RANK``) keeps the base port (default 9464). Without this, the second worker on a node
+    dies binding the same port and loses its whole pipeline. ``TORCHELASTIC_OTEL_PROMETHEUS_PORT_OFFSET=0``
+    turns the offset off (for one worker per container).
+    """
+
+    def __init__(self, cls: type) -> None:
+        self._active = "prometheus" in getattr(cls, "__module__", "") and "LOCAL_RANK" in os.environ
+        self._saved: str | None = None
+
+    def __enter__(self) -> None:
+        if not self._active or os.environ.get("TORCHELASTIC_OTEL_PROMETHEUS_PORT_OFFSET", "1") == "0":
+            self._active = False
+            return
+        self._saved = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT")
+        base = int(self._saved or 9464)
+        try:
+            local_rank = int(os.environ["LOCAL_RANK"])
+        except ValueError:
+            local_rank = 0
+        os.environ["OTEL_EXPORTER_PROMETHEUS_PORT"] = str(base + 1 + local_rank)
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._active:
+            return
+        if self._saved is None:
+            os.environ.pop("OTEL_EXPORTER_PROMETHEUS_PORT", None)
+        else:
+            os.environ["OTEL_EXPORTER_PROMETHEUS_PORT"] = self._saved
+
+
+def _build_tracer_provider(resource: Any) -> Any:
+    from opentelemetry.sdk._configuration import (
+        _get_id_generator,
+        _get_sampler,
+        _import_id_generator,
+        _import_sampler,
+    )
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(
+        resource=resource,
+        sampler=_import_sampler(_get_sampler()),
+        id_generator=_import_id_generator(_get_id_generator()),
+    )
+    for name, cls in _exporter_classes("traces").items():
+        exporter = _construct("traces", name, cls)
+        if exporter is not None:
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def _build_meter_provider(resource: Any) -> Any:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+
+    readers = []
+    for name, cls in _exporter_classes("metrics").items():
+        made = _construct("metrics", name, cls)
+        if made is None:
+            continue
+        readers.append(made if isinstance(made, MetricReader) else PeriodicExportingMetricReader(made))
+    return MeterProvider(resource=resource, metric_readers=readers)
+
+
+def _build_logger_provider(resource: Any) -> Any:
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+    provider = LoggerProvider(resource=resource)
+    for name, cls in _exporter_classes("logs").items():
+        exporter = _construct("logs", name, cls)
+        if exporter is not None:
+            provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+    return provider
+
+
+def _noop_pipeline() -> Pipeline:
+    return Pipeline(trace.NoOpTracerProvider(), metrics.NoOpMeterProvider(), _logs.NoOpLoggerProvider())
+
+
+def _from_environment() -> Pipeline:
+    """Reuse the global providers that are set; build (and set) the others from ``OTEL_*``."""
+    tracer_provider = trace.get_tracer_provider()
+    meter_provider = metrics.get_meter_provider()
+    logger_provider = _logs.get_logger_provider()
+    missing = {
+        "traces": _is_unset(tracer_provider),
+        "metrics": _is_unset(meter_provider),
+        "logs": _is_unset(logger_provider),
+    }
+    if not any(missing.values()):
+        return Pipeline(tracer_provider, meter_provider, logger_provider)
+    resource = _resource()
+    if missing["traces"]:
+        tracer_provider = _build_tracer_provider(resource)
+        trace.set_tracer_provider(tracer_provider)
+        tracer_provider = trace.get_tracer_provider()
+    if missing["metrics"]:
+        meter_provider = _build_meter_provider(resource)
+        metrics.set_meter_provider(meter_provider)
+        meter_provider = metrics.get_meter_provider()
+    if missing["logs"]:
+        logger_provider = _build_logger_provider(resource)
+        _logs.set_logger_provider(logger_provider)
+        logger_provider = _logs.get_logger_provider()
+    return Pipeline(tracer_provider, meter_provider, logger_provider, owned=missing)
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(flush)
+        _atexit_registered = True
+
+
+def get_pipeline() -> Pipeline:
+    """The pipeline the bridge exports to, created from ``OTEL_*`` on first use."""
+    global _pipeline
+    current = _pipeline
+    if current is not None:
+        return current
+    with _lock:
+        if _pipeline is None:
+            if sdk_disabled():
+                _pipeline = _noop_pipeline()
+            else:
+                try:
+                    _pipeline = _from_environment()
+                except Exception as exc:
+                    # A broken configuration must not reach the job: log it and export nothing.
+                    _logger.warning("torchelastic_otel: could not configure OpenTelemetry from OTEL_*: %s", exc)
+                    _selftelemetry.count(_selftelemetry.DROPPED, "all", "pipeline_unavailable")
+                    _pipeline = _noop_pipeline()
+            _register_atexit()
+        return _pipeline
+
+
+def setup(tracer_provider: Any = None, meter_provider: Any = None, logger_provider: Any = None) -> Pipeline:
+    """Use these providers explicitly (``None``: the global one, or one built from ``OTEL_*`` if none is set).
+
+    Call it before the first event or metric. It replaces the bridge's pipeline, never the global providers the
+    application set; providers given here are the caller's to shut down.
+    """
+    global _pipeline
+    with _lock:
+        base = _from_environment() if None in (tracer_provider, meter_provider, logger_provider) else None
+        _pipeline = Pipeline(
+            tracer_provider if tracer_provider is not None else base.tracer_provider,  # type: ignore[union-attr]
+            meter_provider if meter_provider is not None else base.meter_provider,  # type: ignore[union-attr]
+            logger_provider if logger_provider is not None else base.logger_provider,  # type: ignore[union-attr]
+            owned={} if base is None else dict(base.owned),
+        )
+        _register_atexit()
+        _generation[0] += 1
+        return _pipeline
+
+
+#: Bumped whenever the pipeline is replaced, so adapters re-resolve their cached loggers/meters.
+_generation = [0]
+
+
+def flush(timeout_millis: int = 5000) -> bool:
+    """Export everything recorded so far (drains the bridge's buffers first); never raises. ``True`` on success."""
+    current = _pipeline
+    return current.flush(timeout_millis) if current is not None else True
+
+
+def shutdown() -> None:
+    """Flush and shut down the providers the bridge built; the next event builds a fresh pipeline."""
+    global _pipeline
+    with _lock:
+        current, _pipeline = _pipeline, None
+        _generation[0] += 1
+    if current is not None:
+        current.shutdown()
+
+
+def _reset_for_tests() -> None:
+    """Forget the pipeline without touching providers (tests install their own)."""
+    global _pipeline
+    with _lock:
+        _pipeline = None
+        _generation[0] += 1
