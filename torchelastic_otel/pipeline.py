@@ -124,22 +124,31 @@ def _resource() -> Any:
 
 
 def _exporter_classes(signal: str) -> dict[str, type]:
-    """Exporter classes named by ``OTEL_{signal}_EXPORTER`` (default ``otlp``), resolved by the SDK's entry points."""
-    from opentelemetry.sdk._configuration import _get_exporter_names, _import_exporters
+    """Exporter classes named by ``OTEL_{signal}_EXPORTER`` (default ``otlp``), resolved by the SDK's entry points.
 
-    env = _SIGNAL_ENV[signal]
-    unset = env not in os.environ
-    if unset:
-        os.environ[env] = _DEFAULT_EXPORTER
-    try:
-        names = _get_exporter_names(signal)  # type: ignore[arg-type]
-    finally:
-        if unset:
-            del os.environ[env]
-    args: dict[str, list[str]] = {"traces": [], "metrics": [], "logs": []}
-    args[signal] = names
-    traces, metrics_, logs = _import_exporters(args["traces"], args["metrics"], args["logs"])
-    return {"traces": traces, "metrics": metrics_, "logs": logs}[signal]
+    Each name is resolved on its own (the SDK's ``_get_exporter_entry_point`` picks the OTLP protocol per signal):
+    one that cannot be (an unknown exporter, an invalid ``OTEL_EXPORTER_OTLP_*PROTOCOL``) is skipped with a warning
+    and counted, so it costs neither the signal's other exporters nor the other signals.
+    """
+    from opentelemetry.sdk._configuration import _get_exporter_entry_point, _import_exporters
+
+    names = os.environ.get(_SIGNAL_ENV[signal], _DEFAULT_EXPORTER)
+    if not names or names.strip().lower() == "none":
+        return {}
+    index = ("traces", "metrics", "logs").index(signal)
+    classes: dict[str, type] = {}
+    for requested in names.split(","):
+        requested = requested.strip()
+        if not requested:
+            continue
+        try:
+            args: list[list[str]] = [[], [], []]
+            args[index] = [_get_exporter_entry_point(requested, signal)]  # type: ignore[arg-type]
+            classes.update(_import_exporters(*args)[index])
+        except Exception as exc:
+            _selftelemetry.count(_selftelemetry.DROPPED, signal, f"exporter_unavailable:{requested}")
+            _logger.warning("torchelastic_otel: %s exporter %r is not available: %s", signal, requested, exc)
+    return classes
 
 
 def _construct(signal: str, name: str, cls: type) -> Any | None:

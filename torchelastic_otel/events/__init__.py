@@ -149,22 +149,40 @@ def construct_and_record_rdzv_event(
     """
     if isinstance(get_logging_handler("dynamic_rendezvous"), logging.NullHandler):
         return
-    if not hostname:
-        hostname = socket.getfqdn()
-    if not pid:
-        pid = os.getpid()
-    filename = "no_file"
     try:
         caller = sys._getframe(1)
     except ValueError:
         caller = None
+    event = _make_rdzv_event(caller, run_id, message, node_state, name, hostname, pid, master_endpoint, local_id, rank)
+    del caller
+    record_rdzv_event(event)
+
+
+def _make_rdzv_event(
+    caller: Any,
+    run_id: str,
+    message: str,
+    node_state: NodeState,
+    name: str = "",
+    hostname: str = "",
+    pid: int | None = None,
+    master_endpoint: str = "",
+    local_id: int | None = None,
+    rank: int | None = None,
+) -> RdzvEvent:
+    """torch's event construction: defaults for host and pid, ``"<caller file>:<name or caller function>"``,
+    the current exception's traceback for FAILED."""
+    if not hostname:
+        hostname = _fqdn()
+    if not pid:
+        pid = os.getpid()
+    filename = "no_file"
     if caller is not None:
         filename = os.path.basename(caller.f_code.co_filename)
         if not name:
             name = caller.f_code.co_name
-    del caller
     error_trace = traceback.format_exc() if node_state == NodeState.FAILED else ""
-    event = RdzvEvent(
+    return RdzvEvent(
         name=f"{filename}:{name}",
         run_id=run_id,
         message=message,
@@ -176,7 +194,16 @@ def construct_and_record_rdzv_event(
         local_id=local_id,
         error_trace=error_trace,
     )
-    record_rdzv_event(event)
+
+
+_fqdn_cache: list[str] = []
+
+
+def _fqdn() -> str:
+    """``socket.getfqdn()`` once per process: it can take a DNS round trip, and the host does not change."""
+    if not _fqdn_cache:
+        _fqdn_cache.append(socket.getfqdn())
+    return _fqdn_cache[0]
 
 
 # ---- legacy torchelastic.events API -------------------------------------------------------------------------

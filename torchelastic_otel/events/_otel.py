@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+from enum import Enum
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber
 
 from torchelastic_otel import _attributes, _selftelemetry, pipeline
-from torchelastic_otel.events.api import Event, EventHandler, NodeState, RdzvEvent
+from torchelastic_otel.events.api import Event, EventHandler, RdzvEvent
 from torchelastic_otel.version import __version__
 
 __all__ = ["OtelEventHandler", "OtelLoggingHandler", "to_log_fields", "export_event"]
@@ -42,14 +43,20 @@ _SEVERITY = {
     "FAILED": (SeverityNumber.ERROR, "ERROR"),
     "TERMINATED": (SeverityNumber.WARN, "WARN"),
     "UNHEALTHY": (SeverityNumber.WARN, "WARN"),
+    "RESTART": (SeverityNumber.WARN, "WARN"),
 }
 _INFO = (SeverityNumber.INFO, "INFO")
 
 
+def _is_rdzv(event: object) -> bool:
+    """A rendezvous event: ours, or one of the same shape (e.g. torch's own ``RdzvEvent`` handed to ``record``)."""
+    return isinstance(event, RdzvEvent) or (not isinstance(event, Event) and hasattr(event, "node_state"))
+
+
 def _state_of(event: Event | RdzvEvent) -> str:
-    if isinstance(event, RdzvEvent):
+    if _is_rdzv(event):
         state = event.node_state
-        return state.value if isinstance(state, NodeState) else str(state)
+        return str(state.value if isinstance(state, Enum) else state)  # torch's NodeState too
     metadata = event.metadata if isinstance(event.metadata, dict) else {}
     state = metadata.get("state")
     if isinstance(state, str) and state:
@@ -109,13 +116,60 @@ def _event_attributes(event: Event) -> dict[str, Any]:
             if value is not None:
                 out[PREFIX + "metadata"] = value
         return out
-    plain = metadata
     if "raw_error" in metadata or isinstance(metadata.get("metadata"), str):
-        plain = {k: v for k, v in metadata.items() if k not in ("raw_error", "metadata")}
         _exception_attributes(metadata.get("raw_error"), out)
         _nested_metadata(metadata.get("metadata"), out)
-    _attributes.flatten(plain, PREFIX, out)
+        _flatten(metadata, PREFIX, out, _TORCH_PACKED)
+    else:
+        _flatten(metadata, PREFIX, out)
     return out
+
+
+#: torch's agent packs these two metadata keys; they become ``exception.*`` and ``torchelastic.metadata.*``.
+_TORCH_PACKED = frozenset(("raw_error", "metadata"))
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _flatten(mapping: dict, prefix: str, out: dict[str, Any], skip: frozenset = frozenset(), unwrap: bool = False) -> None:
+    """``_attributes.flatten(mapping, prefix, out)`` with its common case inline (hot path of every event).
+
+    Items whose key is a short non-empty ``str`` and whose value is exactly ``str``/``int``/``float``/``bool``/None
+    -- all of torch's agent metadata -- are checked here without a call per item; anything else goes through
+    ``_attributes`` unchanged, so the result (and every count) is the same as ``_attributes.flatten``'s. Keys in
+    ``skip`` are left out; ``unwrap`` takes the element of 1-element lists/tuples (torch's packed metadata).
+    """
+    max_len = _attributes.MAX_STRING_LENGTH
+    max_key = _attributes.MAX_KEY_LENGTH
+    max_attributes = _attributes.MAX_ATTRIBUTES
+    for raw_key, value in list(mapping.items()):
+        if skip and raw_key in skip:
+            continue
+        if unwrap and isinstance(value, (list, tuple)) and len(value) == 1:
+            value = value[0]
+        if value is None:
+            continue
+        kind = type(value)
+        if type(raw_key) is not str or not 0 < len(raw_key) <= max_key:
+            _attributes.flatten({raw_key: value}, prefix, out)  # odd keys: _attributes names them
+            continue
+        key = prefix + raw_key
+        if kind is str:
+            if len(value) > max_len:
+                value = _attributes.attribute_value(value)
+        elif kind is int:
+            if not _INT64_MIN <= value <= _INT64_MAX:
+                value = _attributes.attribute_value(value)
+        elif kind is not float and kind is not bool:
+            if isinstance(value, dict) and _attributes.MAX_DEPTH > 0 and value is not mapping:
+                _attributes.flatten(value, key + ".", out, "logs", 1)
+                continue
+            value = _attributes.attribute_value(value)
+            if value is None:
+                continue
+        if len(out) >= max_attributes and key not in out:
+            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "attribute_limit")
+            continue
+        out[key] = value
 
 
 def _nested_metadata(value: Any, out: dict[str, Any]) -> None:
@@ -131,8 +185,7 @@ def _nested_metadata(value: Any, out: dict[str, Any]) -> None:
         if converted is not None:
             out[PREFIX + "metadata"] = converted
         return
-    unwrapped = {k: (v[0] if isinstance(v, (list, tuple)) and len(v) == 1 else v) for k, v in parsed.items()}
-    _attributes.flatten(unwrapped, PREFIX + "metadata.", out)
+    _flatten(parsed, PREFIX + "metadata.", out, unwrap=True)
 
 
 def _rdzv_attributes(event: RdzvEvent) -> dict[str, Any]:
@@ -154,7 +207,7 @@ def _rdzv_attributes(event: RdzvEvent) -> dict[str, Any]:
 
 def to_log_fields(event: Event | RdzvEvent) -> dict[str, Any]:
     """The log record fields of ``event`` (keyword arguments of ``Logger.emit``), without trace context."""
-    if isinstance(event, RdzvEvent):
+    if _is_rdzv(event):
         attributes = _rdzv_attributes(event)
         body = event.message if isinstance(event.message, str) else str(event.message)
         kind = "rdzv"

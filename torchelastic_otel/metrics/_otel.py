@@ -96,8 +96,11 @@ class OtelMetricHandler(MetricHandler):
         self._meter: Any = None
         self._instruments: dict[str, Any] = {}
         self._bound: dict[tuple[str, str], _Bound] = {}
-        if meter_provider is None:
-            pipeline.get_pipeline()  # set the global providers now, before the application starts spans
+        # Build the pipeline now (it sets the global providers before the application starts spans) and register
+        # the self-telemetry instruments: their collection callback drains the buffer, so even the first
+        # collection (e.g. a Prometheus scrape before the drainer's first run) sees every value put before it.
+        provider = meter_provider if meter_provider is not None else pipeline.get_pipeline().meter_provider
+        _selftelemetry.instrument(provider)
         _drainer.register(self)
 
     # -- hot path ------------------------------------------------------------------------------------------------

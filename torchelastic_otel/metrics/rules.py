@@ -90,6 +90,8 @@ DEFAULT_RULES: tuple[MetricRule, ...] = (
                unit="{run}", attributes=("role",), description="Finished agent runs"),
     MetricRule(_ROLE + r"run_(?P<outcome>(?:success|failed)_(?:with|no)_retries)", "torchelastic.workers.run_outcomes",
                "counter", unit="{run}", attributes=("role", "outcome"), description="Finished runs by outcome"),
+    MetricRule(_ROLE + r"restarts", "torchelastic.workers.restarts", "counter", unit="{restart}",
+               attributes=("role",), description="Worker-group restarts (emitted by the bridge; torch has none)"),
     MetricRule(_ROLE + r"(?P<metric>[^.]+)", "torchelastic.workers.{metric}", "gauge", attributes=("role",)),
     MetricRule(r"(?P<function>.+)\.(?P<outcome>success|failure)", "torchelastic.function.calls", "counter",
                unit="{call}", attributes=("function", "outcome"), description="Calls of @prof functions by outcome"),

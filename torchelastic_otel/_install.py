@@ -1,0 +1,114 @@
+"""``install()`` / ``uninstall()``: bridge torch's own elastic modules in the running process.
+
+Symmetric and idempotent: ``install`` records every change it makes (see ``_torch.patches``) and ``uninstall``
+undoes exactly those. In the agent it also arranges for the workers it starts to install the bridge themselves
+(``propagate_to_workers``): a bootstrap directory is put on ``PYTHONPATH`` whose ``sitecustomize`` installs the
+bridge at interpreter start-up (and then runs any other ``sitecustomize`` on the path).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from torchelastic_otel import pipeline
+
+__all__ = ["install", "uninstall", "is_installed", "BOOTSTRAP_DIR", "AUTO_INSTALL_ENV"]
+
+_logger = logging.getLogger("torchelastic_otel")
+
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
+#: Set in the environment of processes that should install the bridge at start-up.
+AUTO_INSTALL_ENV = "TORCHELASTIC_OTEL_AUTO_INSTALL"
+
+_lock = threading.RLock()
+_patches: Any = None
+
+
+def is_installed() -> bool:
+    return _patches is not None
+
+
+def _prepend_env_path(patches: Any, var: str, entry: str) -> None:
+    current = os.environ.get(var)
+    parts = current.split(os.pathsep) if current else []
+    if entry in parts:
+        return
+    os.environ[var] = os.pathsep.join([entry, *parts])
+
+    def undo() -> None:
+        if current is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = current
+
+    patches.on_restore(undo)
+
+
+def _set_env(patches: Any, var: str, value: str) -> None:
+    previous = os.environ.get(var)
+    os.environ[var] = value
+    patches.on_restore(lambda: os.environ.pop(var, None) if previous is None else os.environ.__setitem__(var, previous))
+
+
+def install(
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+    logger_provider: Any = None,
+    *,
+    propagate_to_workers: bool = True,
+) -> bool:
+    """Bridge torch's platform metrics, events, rendezvous events and agent lifecycle to OpenTelemetry.
+
+    Providers given here are used (see :func:`torchelastic_otel.setup`); otherwise the global ones, or ones built
+    from ``OTEL_*``. Returns ``True`` if the bridge is installed now, ``False`` if torch is missing or the
+    installation failed (logged; the job is never affected). Calling it again does nothing.
+    """
+    global _patches
+    with _lock:
+        if _patches is not None:
+            return True
+        if pipeline.sdk_disabled():
+            return False
+        try:
+            import torch.distributed.elastic.events  # noqa: F401
+            import torch.distributed.elastic.metrics  # noqa: F401
+        except Exception as exc:
+            _logger.info("torchelastic_otel: torch.distributed.elastic not available (%s); nothing to install", exc)
+            return False
+        from torchelastic_otel._torch import events_bridge, lifecycle, metrics_bridge, worker
+        from torchelastic_otel._torch.patches import Patches
+        from torchelastic_otel.events._otel import OtelLoggingHandler
+        from torchelastic_otel.metrics._otel import OtelMetricHandler
+
+        if tracer_provider is not None or meter_provider is not None or logger_provider is not None:
+            pipeline.setup(tracer_provider, meter_provider, logger_provider)
+        patches = Patches()
+        try:
+            metric_handler = OtelMetricHandler()
+            metrics_bridge.install(patches, metric_handler)
+            events_bridge.install(patches, OtelLoggingHandler())
+            lifecycle.install(patches, metric_handler.emit)
+            worker.install(patches)
+            if propagate_to_workers:
+                _prepend_env_path(patches, "PYTHONPATH", BOOTSTRAP_DIR)
+                _set_env(patches, AUTO_INSTALL_ENV, "1")
+        except Exception as exc:
+            patches.restore()
+            _logger.warning("torchelastic_otel: install failed, torch left as it was: %s", exc, exc_info=True)
+            return False
+        _patches = patches
+        return True
+
+
+def uninstall() -> None:
+    """Undo everything :func:`install` changed (flushing first). Calling it when not installed does nothing."""
+    global _patches
+    with _lock:
+        patches, _patches = _patches, None
+    if patches is None:
+        return
+    pipeline.flush()
+    patches.restore()

@@ -1,0 +1,381 @@
+"""The agent's lifecycle as a trace: one span per run, attempt, rendezvous round, worker-group start, detected
+failure, restart and stop -- never one per monitor tick.
+
+Span tree of a run with one restart::
+
+    torchelastic.run                      (SimpleElasticAgent.run; trace id derived from the run id)
+    ├── torchelastic.attempt #0           (from rendezvous until the attempt's workers are stopped)
+    │   ├── torchelastic.rendezvous       (rendezvous events as span events)
+    │   ├── torchelastic.workers.start    (TRACEPARENT of the attempt goes to the workers)
+    │   │   worker spans / logs ........ children of the attempt, carried by TRACEPARENT
+    │   └── torchelastic.workers.failure  (status ERROR; one span event per failed rank)
+    ├── torchelastic.restart #1           (span + "torchelastic.restart" event, restart count)
+    │   ├── torchelastic.workers.stop
+    │   └── torchelastic.attempt #1 ...
+    └── torchelastic.agent.shutdown
+
+All agents of a run (one per node) derive the same trace id from the run id, so a multi-node job is one trace:
+their run spans hang under a synthetic remote parent whose ids are a hash of the run id (a run id of ``none``,
+torchrun's default, is not unique, so such runs get a fresh trace id). When the launching code already has a
+current span, the run nests under it instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import time
+from typing import Any, Callable
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from torchelastic_otel import _selftelemetry, pipeline
+from torchelastic_otel._torch.patches import Patches
+from torchelastic_otel.events import _otel as event_adapter
+from torchelastic_otel.events.api import Event, EventSource
+from torchelastic_otel.metrics.api import MetricData
+from torchelastic_otel.version import __version__
+
+SCOPE = "torchelastic_otel"
+_propagator = TraceContextTextMapPropagator()
+
+
+def _tracer() -> trace.Tracer:
+    return pipeline.get_pipeline().tracer_provider.get_tracer(SCOPE, __version__)
+
+
+def run_parent_context(run_id: str) -> otel_context.Context | None:
+    """The context the run span starts in: the caller's span if any, else a parent derived from ``run_id``."""
+    if trace.get_current_span().get_span_context().is_valid:
+        return None
+    if not run_id or run_id == "none":
+        return None
+    digest = hashlib.sha256(f"torchelastic-otel/run/{run_id}".encode()).digest()
+    trace_id = int.from_bytes(digest[:16], "big") or 1
+    span_id = int.from_bytes(digest[16:24], "big") or 1
+    parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return trace.set_span_in_context(NonRecordingSpan(parent))
+
+
+class _AgentState:
+    """Per-agent tracing state (kept on the agent instance)."""
+
+    __slots__ = ("attempt", "last_state", "failure_seen", "run_attributes")
+
+    def __init__(self) -> None:
+        self.attempt: trace.Span | None = None
+        self.last_state = ""
+        self.failure_seen = False
+        self.run_attributes: dict[str, Any] = {}
+
+
+def _state(agent: Any) -> _AgentState:
+    state = agent.__dict__.get("_torchelastic_otel_state")
+    if state is None:
+        state = _AgentState()
+        agent.__dict__["_torchelastic_otel_state"] = state
+    return state
+
+
+def _spec(agent: Any) -> Any:
+    return agent._worker_group.spec
+
+
+def _restart_count(agent: Any) -> int:
+    try:
+        return int(_spec(agent).max_restarts - agent._remaining_restarts)
+    except Exception:
+        return 0
+
+
+def _safe(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a telemetry step; a failure is counted, never raised into the agent."""
+    try:
+        return fn(*args)
+    except Exception:
+        _selftelemetry.count(_selftelemetry.DROPPED, "traces", "lifecycle_error")
+        return None
+
+
+def _end_attempt(state: _AgentState) -> None:
+    attempt, state.attempt = state.attempt, None
+    if attempt is not None:
+        attempt.end()
+
+
+def _run_attributes(agent: Any) -> dict[str, Any]:
+    spec = _spec(agent)
+    rdzv = spec.rdzv_handler
+    return {
+        "torchelastic.run_id": str(rdzv.get_run_id()),
+        "torchelastic.role": str(spec.role),
+        "torchelastic.rdzv_backend": str(rdzv.get_backend()),
+        "torchelastic.max_restarts": int(spec.max_restarts),
+        "torchelastic.local_world_size": int(spec.local_world_size),
+        "torchelastic.entrypoint": str(spec.get_entrypoint_name()),
+    }
+
+
+def _record_event(name: str, metadata: dict[str, Any]) -> None:
+    """Export an agent-side event (log record + span event on the current span)."""
+    event_adapter.export_event(Event(name, EventSource.AGENT, metadata=metadata))
+
+
+# ---- wrappers -----------------------------------------------------------------------------------------------
+
+
+def _wrap_run(orig: Callable[..., Any], metric_emit: Callable[[MetricData], None]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state = _state(self)
+        attributes = _safe(_run_attributes, self) or {}
+        state.run_attributes = attributes
+        parent = _safe(run_parent_context, attributes.get("torchelastic.run_id", ""))
+        span = _tracer().start_span("torchelastic.run", context=parent, attributes=attributes)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            result = orig(self, *args, **kwargs)
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
+        else:
+            _safe(_finish_run, span, result)
+            return result
+        finally:
+            _end_attempt(state)
+            otel_context.detach(token)
+            span.set_attribute("torchelastic.restart_count", _restart_count(self))
+            span.end()
+            pipeline.flush(timeout_millis=5000)
+
+    return run
+
+
+def _finish_run(span: trace.Span, result: Any) -> None:
+    if result is None:
+        return
+    span.set_attribute("torchelastic.run.state", str(getattr(result.state, "name", result.state)))
+    if result.is_failed():
+        ranks = sorted(int(r) for r in result.failures)
+        span.set_attribute("torchelastic.failed_ranks", ranks)
+        span.set_status(Status(StatusCode.ERROR, f"worker group failed (ranks {ranks})"))
+
+
+def _wrap_initialize(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def _initialize_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
+        state = _state(self)
+        _end_attempt(state)
+        state.failure_seen = False
+        restart_count = _restart_count(self)
+        attempt = _tracer().start_span(
+            "torchelastic.attempt",
+            attributes={**state.run_attributes, "torchelastic.restart_count": restart_count},
+        )
+        state.attempt = attempt
+        with trace.use_span(attempt, end_on_exit=False, record_exception=False):
+            try:
+                return orig(self, worker_group, *args, **kwargs)
+            except BaseException as exc:
+                attempt.record_exception(exc)
+                attempt.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                _end_attempt(state)
+                raise
+
+    return _initialize_workers
+
+
+def _wrap_span(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+    """A span around the call, recording an exception as the span's error."""
+
+    @functools.wraps(orig)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state = _state(self)
+        attributes = {"torchelastic.restart_count": _restart_count(self)}
+        if "torchelastic.run_id" in state.run_attributes:
+            attributes["torchelastic.run_id"] = state.run_attributes["torchelastic.run_id"]
+        with _tracer().start_as_current_span(name, attributes=attributes):
+            return orig(self, *args, **kwargs)
+
+    return wrapper
+
+
+def _wrap_start(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def _start_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
+        state = _state(self)
+        with _tracer().start_as_current_span(
+            "torchelastic.workers.start",
+            attributes={"torchelastic.restart_count": _restart_count(self)},
+        ) as span:
+            carrier: dict[str, str] = {}
+            parent = state.attempt if state.attempt is not None else span
+            _propagator.inject(carrier, context=trace.set_span_in_context(parent))
+            saved = {key: os.environ.get(key) for key in ("TRACEPARENT", "TRACESTATE")}
+            os.environ["TRACEPARENT"] = carrier.get("traceparent", "")
+            if carrier.get("tracestate"):
+                os.environ["TRACESTATE"] = carrier["tracestate"]
+            try:
+                result = orig(self, worker_group, *args, **kwargs)
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+            if isinstance(result, dict):
+                span.set_attribute("torchelastic.worker_pids", [int(p) for p in result.values() if _is_int(p)])
+            return result
+
+    return _start_workers
+
+
+def _is_int(value: Any) -> bool:
+    try:
+        int(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _wrap_monitor(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def _monitor_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
+        result = orig(self, worker_group, *args, **kwargs)
+        _safe(_observe_monitor, self, worker_group, result)
+        return result
+
+    return _monitor_workers
+
+
+def _observe_monitor(agent: Any, worker_group: Any, result: Any) -> None:
+    state = _state(agent)
+    name = str(getattr(result.state, "name", result.state))
+    state.last_state = name
+    if name not in ("FAILED", "UNHEALTHY") or state.failure_seen:
+        return
+    state.failure_seen = True
+    parent = state.attempt
+    ctx = trace.set_span_in_context(parent) if parent is not None else None
+    failures = getattr(result, "failures", {}) or {}
+    ranks = sorted(int(r) for r in failures)
+    span = _tracer().start_span(
+        "torchelastic.workers.failure",
+        context=ctx,
+        attributes={
+            "torchelastic.state": name,
+            "torchelastic.failed_ranks": ranks,
+            "torchelastic.restart_count": _restart_count(agent),
+            "torchelastic.remaining_restarts": int(getattr(agent, "_remaining_restarts", 0)),
+        },
+    )
+    with trace.use_span(span, end_on_exit=True):
+        for rank, failure in sorted(failures.items()):
+            error_data = getattr(failure, "error_file_data", None)
+            _record_event(
+                "torchelastic.worker.failure",
+                {
+                    "state": "FAILED",
+                    "run_id": state.run_attributes.get("torchelastic.run_id"),
+                    "role": state.run_attributes.get("torchelastic.role"),
+                    "global_rank": int(rank),
+                    "local_rank": getattr(failure, "local_rank", None),
+                    "exit_code": getattr(failure, "exitcode", None),
+                    "worker_pid": getattr(failure, "pid", None),
+                    "signal": _signal_name(failure),
+                    "raw_error": _raw_error(failure, error_data),
+                    "restart_count": _restart_count(agent),
+                },
+            )
+        span.set_status(Status(StatusCode.ERROR, f"{name}: ranks {ranks}"))
+    if parent is not None:
+        parent.set_status(Status(StatusCode.ERROR, f"worker group {name.lower()}"))
+
+
+def _signal_name(failure: Any) -> str | None:
+    try:
+        name = failure.signal_name()
+        return None if name in ("", "<N/A>") else name
+    except Exception:
+        return None
+
+
+def _raw_error(failure: Any, error_data: Any) -> str | None:
+    import json
+
+    if isinstance(error_data, dict) and error_data:
+        return json.dumps(error_data)
+    message = getattr(failure, "message", None)
+    return str(message) if message else None
+
+
+def _wrap_restart(orig: Callable[..., Any], metric_emit: Callable[[MetricData], None]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def _restart_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
+        state = _state(self)
+        restart_count = _restart_count(self)
+        reason = "failure" if state.last_state in ("FAILED", "UNHEALTHY") else "membership_change"
+        role = str(getattr(_spec(self), "role", "default"))
+        attributes = {
+            "torchelastic.restart_count": restart_count,
+            "torchelastic.restart.reason": reason,
+            "torchelastic.remaining_restarts": int(getattr(self, "_remaining_restarts", 0)),
+        }
+        with _tracer().start_as_current_span("torchelastic.restart", attributes=attributes):
+            _safe(
+                _record_event,
+                "torchelastic.restart",
+                {
+                    "state": "RESTART",
+                    "run_id": state.run_attributes.get("torchelastic.run_id"),
+                    "role": role,
+                    "restart_count": restart_count,
+                    "reason": reason,
+                    "remaining_restarts": attributes["torchelastic.remaining_restarts"],
+                },
+            )
+            _safe(metric_emit, MetricData(time.time(), "torchelastic", f"workers.{role}.restarts", 1))
+            return orig(self, worker_group, *args, **kwargs)
+
+    return _restart_workers
+
+
+def _wrap_stop(orig: Callable[..., Any]) -> Callable[..., Any]:
+    inner = _wrap_span("torchelastic.workers.stop", orig)
+
+    @functools.wraps(orig)
+    def _stop_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return inner(self, *args, **kwargs)
+        finally:
+            _end_attempt(_state(self))
+
+    return _stop_workers
+
+
+def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None:
+    """Wrap the agent methods (on the classes that define them) with the lifecycle spans."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    def wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        original = cls.__dict__.get(name)
+        if original is None or getattr(original, "__torchelastic_otel__", False):
+            return
+        wrapped = make(original)
+        wrapped.__torchelastic_otel__ = True  # type: ignore[attr-defined]
+        patches.set(cls, name, wrapped)
+
+    wrap(SimpleElasticAgent, "run", lambda f: _wrap_run(f, metric_emit))
+    wrap(SimpleElasticAgent, "_initialize_workers", _wrap_initialize)
+    wrap(SimpleElasticAgent, "_rendezvous", lambda f: _wrap_span("torchelastic.rendezvous", f))
+    wrap(SimpleElasticAgent, "_restart_workers", lambda f: _wrap_restart(f, metric_emit))
+    wrap(LocalElasticAgent, "_start_workers", _wrap_start)
+    wrap(LocalElasticAgent, "_monitor_workers", _wrap_monitor)
+    wrap(LocalElasticAgent, "_stop_workers", _wrap_stop)
+    wrap(LocalElasticAgent, "_shutdown", lambda f: _wrap_span("torchelastic.agent.shutdown", f))

@@ -1,0 +1,145 @@
+"""Worker-process side of the bridge: join the agent's trace, and flush before the process dies.
+
+A torchrun worker is recognised by ``RANK`` and ``TORCHELASTIC_RUN_ID`` in its environment. Its resource already
+carries the run, role and ranks (``torchelastic_otel.resource``). Here:
+
+- the agent's ``TRACEPARENT`` (the attempt span) becomes the current context, so the worker's spans and logs are
+  children of the agent's span for that attempt; a short ``torchelastic.worker.start`` span marks the worker in
+  the trace even if it records nothing itself;
+- SIGTERM (how the agent stops workers) flushes before the process ends: torch's agent sends SIGTERM and the
+  default action skips ``atexit``;
+- an uncaught exception is exported as a ``torchelastic.worker.exception`` event (ERROR, with the traceback) and
+  flushed at once: after gloo use the interpreter may abort at exit before ``atexit`` would run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from types import FrameType
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from torchelastic_otel import pipeline
+from torchelastic_otel._torch.patches import Patches
+from torchelastic_otel.events import _otel as event_adapter
+from torchelastic_otel.events.api import Event, EventSource
+from torchelastic_otel.version import __version__
+
+#: How long a dying worker may spend flushing (the agent SIGKILLs after its shutdown timeout, 30 s by default).
+FLUSH_TIMEOUT_MILLIS = int(os.environ.get("TORCHELASTIC_OTEL_EXIT_FLUSH_TIMEOUT_MILLIS", "3000"))
+
+
+def is_torchrun_worker() -> bool:
+    return "RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def _worker_metadata() -> dict[str, Any]:
+    env = os.environ
+    return {
+        "run_id": env.get("TORCHELASTIC_RUN_ID"),
+        "role": env.get("ROLE_NAME"),
+        "global_rank": env.get("RANK"),
+        "local_rank": env.get("LOCAL_RANK"),
+        "group_rank": env.get("GROUP_RANK"),
+        "restart_count": env.get("TORCHELASTIC_RESTART_COUNT"),
+        "worker_pid": os.getpid(),
+    }
+
+
+def _join_agent_trace(patches: Patches) -> None:
+    traceparent = os.environ.get("TRACEPARENT")
+    if not traceparent:
+        return
+    carrier = {"traceparent": traceparent}
+    if os.environ.get("TRACESTATE"):
+        carrier["tracestate"] = os.environ["TRACESTATE"]
+    ctx = TraceContextTextMapPropagator().extract(carrier)
+    if not trace.get_current_span(ctx).get_span_context().is_valid:
+        return
+    tracer = pipeline.get_pipeline().tracer_provider.get_tracer("torchelastic_otel", __version__)
+    start_ns = _process_start_ns()
+    span = tracer.start_span(
+        "torchelastic.worker.start",
+        context=ctx,
+        start_time=start_ns,
+        attributes={f"torchelastic.{k}": str(v) for k, v in _worker_metadata().items() if v is not None},
+    )
+    span.end()
+    token = otel_context.attach(ctx)
+    patches.on_restore(lambda: otel_context.detach(token))
+
+
+def _process_start_ns() -> int | None:
+    """When this process started (Linux), so the worker span covers interpreter start-up; ``None`` elsewhere."""
+    try:
+        with open(f"/proc/{os.getpid()}/stat") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as fh:
+            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime"))
+        start_ns = int((btime + start_ticks / os.sysconf("SC_CLK_TCK")) * 1e9)
+        return start_ns if start_ns <= time.time_ns() else None
+    except Exception:
+        return None
+
+
+def _export_and_flush(name: str, metadata: dict[str, Any]) -> None:
+    event_adapter.export_event(Event(name, EventSource.WORKER, metadata={**_worker_metadata(), **metadata}))
+    pipeline.flush(timeout_millis=FLUSH_TIMEOUT_MILLIS)
+
+
+def _install_sigterm(patches: Patches) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        try:
+            _export_and_flush("torchelastic.worker.terminated", {"state": "TERMINATED", "signal": "SIGTERM"})
+        finally:
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    patches.on_restore(
+        lambda: signal.signal(signal.SIGTERM, previous)
+        if signal.getsignal(signal.SIGTERM) is on_sigterm and threading.current_thread() is threading.main_thread()
+        else None
+    )
+
+
+def _install_excepthook(patches: Patches) -> None:
+    previous = sys.excepthook
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        try:
+            if not issubclass(exc_type, KeyboardInterrupt):
+                text = "".join(traceback.format_exception(exc_type, exc, tb))
+                _export_and_flush("torchelastic.worker.exception", {"state": "FAILED", "raw_error": text})
+        except Exception:
+            pass
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+    patches.on_restore(lambda: setattr(sys, "excepthook", previous) if sys.excepthook is excepthook else None)
+
+
+def install(patches: Patches) -> None:
+    """Set up a torchrun worker (no-op in other processes)."""
+    if not is_torchrun_worker():
+        return
+    _join_agent_trace(patches)
+    _install_sigterm(patches)
+    _install_excepthook(patches)
