@@ -195,6 +195,16 @@ class _prometheus_port_for_this_process:
             os.environ["OTEL_EXPORTER_PROMETHEUS_PORT"] = self._saved
 
 
+def _or_default(variable: str, load: Callable[[], Any]) -> Any:
+    """A component named by ``variable``, or ``None`` (the SDK default) when it cannot be loaded."""
+    try:
+        return load()
+    except Exception as exc:
+        _logger.warning("torchelastic_otel: ignoring %s (%s); using the SDK default", variable, exc)
+        _selftelemetry.count(_selftelemetry.SANITIZED, "traces", f"invalid_{variable.lower()}")
+        return None
+
+
 def _build_tracer_provider(resource: Any) -> Any:
     from opentelemetry.sdk._configuration import (
         _get_id_generator,
@@ -207,8 +217,8 @@ def _build_tracer_provider(resource: Any) -> Any:
 
     provider = TracerProvider(
         resource=resource,
-        sampler=_import_sampler(_get_sampler()),
-        id_generator=_import_id_generator(_get_id_generator()),
+        sampler=_or_default("OTEL_TRACES_SAMPLER", lambda: _import_sampler(_get_sampler())),
+        id_generator=_or_default("OTEL_PYTHON_ID_GENERATOR", lambda: _import_id_generator(_get_id_generator())),
     )
     for name, cls in _exporter_classes("traces").items():
         exporter = _construct("traces", name, cls)
@@ -300,6 +310,7 @@ def get_pipeline() -> Pipeline:
                     _selftelemetry.count(_selftelemetry.DROPPED, "all", "pipeline_unavailable")
                     _pipeline = _noop_pipeline()
             _register_atexit()
+            _selftelemetry.instrument(_pipeline.meter_provider)
         return _pipeline
 
 
@@ -320,6 +331,7 @@ def setup(tracer_provider: Any = None, meter_provider: Any = None, logger_provid
         )
         _register_atexit()
         _generation[0] += 1
+        _selftelemetry.instrument(_pipeline.meter_provider)
         return _pipeline
 
 

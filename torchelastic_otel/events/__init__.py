@@ -78,8 +78,9 @@ def _get_or_create_logger(destination: str = "null") -> logging.Logger:
 def _record_to(event: Event | RdzvEvent, destination: str) -> None:
     """torch's ``record``: log ``event.serialize()`` to the destination's logger, without needless work.
 
-    A destination whose only handler discards (NullHandler) skips serialization; the "otel" handler receives the
-    event object itself instead of its JSON.
+    NullHandlers are skipped without serializing; an "otel" handler receives the event object itself instead of
+    its JSON; only the remaining handlers get torch's serialized message. An event that cannot be serialized
+    still reaches OpenTelemetry and is counted as dropped for the other handlers, instead of raising.
     """
     logger = _get_or_create_logger(destination)
     if not logger.isEnabledFor(logging.INFO):
@@ -92,7 +93,24 @@ def _record_to(event: Event | RdzvEvent, destination: str) -> None:
         if type(handler) is OtelLoggingHandler:
             handler.export(event)
             return
-    logger.info(event.serialize())
+    others = []
+    for handler in handlers:
+        if type(handler) is OtelLoggingHandler:
+            handler.export(event)
+        elif type(handler) is not logging.NullHandler:
+            others.append(handler)
+    if not others:
+        return
+    try:
+        message = event.serialize()
+    except (TypeError, ValueError, RecursionError):
+        _selftelemetry.count(_selftelemetry.DROPPED, "logs", "not_serializable")
+        return
+    record = logger.makeRecord(logger.name, logging.INFO, "(unknown file)", 0, message, None, None)
+    if logger.filter(record):
+        for handler in others:
+            if record.levelno >= handler.level:
+                handler.handle(record)
 
 
 _UNSET: Any = object()

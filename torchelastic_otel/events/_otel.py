@@ -160,7 +160,7 @@ def _flatten(mapping: dict, prefix: str, out: dict[str, Any], skip: frozenset = 
             if not _INT64_MIN <= value <= _INT64_MAX:
                 value = _attributes.attribute_value(value)
         elif kind is not float and kind is not bool:
-            if isinstance(value, dict) and _attributes.MAX_DEPTH > 0 and value is not mapping:
+            if isinstance(value, dict) and _attributes.MAX_DEPTH > 0 and (unwrap or value is not mapping):
                 _attributes.flatten(value, key + ".", out, "logs", 1)
                 continue
             value = _attributes.attribute_value(value)
@@ -207,6 +207,10 @@ def _rdzv_attributes(event: RdzvEvent) -> dict[str, Any]:
 
 def to_log_fields(event: Event | RdzvEvent) -> dict[str, Any]:
     """The log record fields of ``event`` (keyword arguments of ``Logger.emit``), without trace context."""
+    return _log_fields(event, _SEVERITY.get(_state_of(event), _INFO))
+
+
+def _log_fields(event: Event | RdzvEvent, severity: tuple[SeverityNumber, str]) -> dict[str, Any]:
     if _is_rdzv(event):
         attributes = _rdzv_attributes(event)
         body = event.message if isinstance(event.message, str) else str(event.message)
@@ -216,7 +220,7 @@ def to_log_fields(event: Event | RdzvEvent) -> dict[str, Any]:
         body = event.name if isinstance(event.name, str) else str(event.name)
         kind = "legacy" if getattr(event, "_type", None) is not None and event.source is None else "event"
     attributes[PREFIX + "event.kind"] = kind
-    severity_number, severity_text = _SEVERITY.get(_state_of(event), _INFO)
+    severity_number, severity_text = severity
     timestamp_ms = getattr(event, "timestamp", 0)
     now = time.time_ns()
     try:
@@ -238,6 +242,11 @@ def to_log_fields(event: Event | RdzvEvent) -> dict[str, Any]:
     }
 
 
+def _name_of(event: Event | RdzvEvent) -> str:
+    name = event.name
+    return name if isinstance(name, str) and name else "torchelastic.event"
+
+
 class _Emitter:
     """Holds the OTel logger of the current pipeline; re-resolved when the pipeline changes."""
 
@@ -257,13 +266,24 @@ _emitter = _Emitter()
 
 
 def export_event(event: Event | RdzvEvent) -> None:
-    """Emit ``event`` as a log record and as a span event on the current recording span. Never raises."""
+    """Emit ``event`` as a log record and as a span event on the current recording span. Never raises.
+
+    Nothing is converted when nobody would receive it: no recording span and a logger that is not enabled
+    (no-op pipeline / ``OTEL_SDK_DISABLED``, a disabled logger, no log processor).
+    """
     try:
-        fields = to_log_fields(event)
+        severity = _SEVERITY.get(_state_of(event), _INFO)
+        logger = _emitter.logger()
+        enabled = logger.enabled(severity_number=severity[0], event_name=_name_of(event))
         span = trace.get_current_span()
-        if span.is_recording():
+        recording = span.is_recording()
+        if not (enabled or recording):
+            return
+        fields = _log_fields(event, severity)
+        if recording:
             span.add_event(fields["event_name"], fields["attributes"], fields["timestamp"])
-        _emitter.logger().emit(**fields)
+        if enabled:
+            logger.emit(**fields)
     except Exception as exc:  # telemetry never raises into the job
         _selftelemetry.count(_selftelemetry.DROPPED, "logs", "conversion_error")
         _logger.debug("torchelastic_otel: event dropped: %s", exc, exc_info=True)
