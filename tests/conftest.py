@@ -56,7 +56,9 @@ class InMemoryOtel:
         return self.tracer_provider.get_tracer("tests")
 
     def log_records(self) -> list[Any]:
-        """The exported ``LogRecord``s (API objects: ``.body``, ``.attributes``, ``.trace_id``...)."""
+        """The exported ``LogRecord``s (API objects: ``.body``, ``.attributes``, ``.trace_id``...), after a flush
+        (the bridge buffers events and emits them from its drainer)."""
+        torchelastic_otel.flush()
         return [readable.log_record for readable in self.logs.get_finished_logs()]
 
     def metric_points(self, name: str) -> list[tuple[dict, Any]]:
@@ -143,25 +145,8 @@ def otel(clean_state: None) -> Iterator[InMemoryOtel]:
 
 @pytest.fixture
 def paused_drainer() -> Iterator[Any]:
-    """Stop the metric adapter's background drainer so only flushes and collections move buffered values."""
-    from torchelastic_otel.metrics import _otel as metrics_otel
+    """Suspend the background drainer so only flushes and collections move buffered values."""
+    from torchelastic_otel import _drainer
 
-    drainer = metrics_otel._drainer
-    saved_interval = drainer.interval
-
-    def stop() -> None:
-        thread = drainer._thread
-        drainer._stop.set()
-        if thread is not None:
-            thread.join(timeout=5)
-            assert not thread.is_alive(), "metrics drainer did not stop"
-
-    stop()
-    drainer.interval = 3600.0  # a handler registered now starts a thread that never ticks during the test
-    try:
-        yield drainer
-    finally:
-        stop()
-        drainer.interval = saved_interval
-        if len(drainer._handlers):
-            drainer._start()
+    with _drainer.paused():
+        yield _drainer

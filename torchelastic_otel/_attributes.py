@@ -100,25 +100,50 @@ def _key(key: Any) -> str:
     return text[:MAX_KEY_LENGTH] or "_"
 
 
-def flatten(mapping: Any, prefix: str, out: dict[str, Any], signal: str = "logs", depth: int = 0) -> dict[str, Any]:
+def flatten(
+    mapping: Any,
+    prefix: str,
+    out: dict[str, Any],
+    signal: str = "logs",
+    depth: int = 0,
+    skip: frozenset = frozenset(),
+    unwrap: bool = False,
+) -> dict[str, Any]:
     """Add ``mapping``'s items to ``out`` as ``{prefix}{key}`` attributes; nested dicts become dotted keys.
 
-    ``None`` values are left out by design (OTel has no null attribute). Returns ``out``.
+    ``None`` values are left out by design (OTel has no null attribute); keys in ``skip`` too. ``unwrap`` takes
+    the element of 1-element lists (torch packs worker details that way). This is the hot path of every event,
+    so plain ``str`` keys with ``str``/``int``/``float``/``bool`` values -- all of torch's agent metadata -- are
+    checked inline; anything else goes through :func:`attribute_value`. Returns ``out``.
     """
     if not isinstance(mapping, dict):
         return out
     for raw_key, value in list(mapping.items()):
-        key = prefix + _key(raw_key)
-        if isinstance(value, dict) and depth < MAX_DEPTH and value is not mapping:
-            flatten(value, key + ".", out, signal, depth + 1)
+        if skip and raw_key in skip:
             continue
-        converted = attribute_value(value, signal)
-        if converted is None:
+        if unwrap and isinstance(value, (list, tuple)) and len(value) == 1:
+            value = value[0]
+        if value is None:
             continue
+        key = prefix + raw_key if type(raw_key) is str and 0 < len(raw_key) <= MAX_KEY_LENGTH else prefix + _key(raw_key)
+        kind = type(value)
+        if kind is str:
+            if len(value) > MAX_STRING_LENGTH:
+                value = _text(value, signal)
+        elif kind is int:
+            if not _INT64_MIN <= value <= _INT64_MAX:
+                value = attribute_value(value, signal)
+        elif kind is not float and kind is not bool:
+            if isinstance(value, dict) and depth < MAX_DEPTH and value is not mapping:
+                flatten(value, key + ".", out, signal, depth + 1)
+                continue
+            value = attribute_value(value, signal)
+            if value is None:
+                continue
         if len(out) >= MAX_ATTRIBUTES and key not in out:
             _selftelemetry.count(_selftelemetry.DROPPED, signal, "attribute_limit")
             continue
-        out[key] = converted
+        out[key] = value
     return out
 
 

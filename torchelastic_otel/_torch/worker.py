@@ -14,6 +14,7 @@ carries the run, role and ranks (``torchelastic_otel.resource``). Here:
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -78,14 +79,17 @@ def _join_agent_trace(patches: Patches) -> None:
 
 
 def _process_start_ns() -> int | None:
-    """When this process started (Linux), so the worker span covers interpreter start-up; ``None`` elsewhere."""
+    """When this process started (Linux), so the worker span covers interpreter start-up; ``None`` elsewhere.
+
+    ``/proc/<pid>/stat`` gives the start in clock ticks since boot; the boot clock (``CLOCK_BOOTTIME``) says how
+    long ago that was. (``btime`` of ``/proc/stat`` is whole seconds: up to a second off, which would start the
+    worker span before its parent.)
+    """
     try:
         with open(f"/proc/{os.getpid()}/stat") as fh:
             start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as fh:
-            btime = next(int(line.split()[1]) for line in fh if line.startswith("btime"))
-        start_ns = int((btime + start_ticks / os.sysconf("SC_CLK_TCK")) * 1e9)
-        return start_ns if start_ns <= time.time_ns() else None
+        age_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - start_ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+        return time.time_ns() - age_ns if age_ns >= 0 else None
     except Exception:
         return None
 
@@ -95,14 +99,54 @@ def _export_and_flush(name: str, metadata: dict[str, Any]) -> None:
     pipeline.flush(timeout_millis=FLUSH_TIMEOUT_MILLIS)
 
 
+#: Depth of ``Pipeline.flush`` calls running in the main thread, and whether a SIGTERM waits for them to end.
+_main_flush = {"depth": 0, "deferred": False}
+
+
+def _guard_main_thread_flush(patches: Patches) -> None:
+    """Let a SIGTERM that interrupts a flush in the main thread wait for that flush to end.
+
+    Python runs signal handlers in the main thread between bytecodes, so SIGTERM can arrive while the main thread
+    is inside a flush (``torchelastic_otel.flush()`` before ``os._exit``, the excepthook's, atexit's) holding the
+    SDK processors' export locks, which are not re-entrant: flushing again from the handler would wait for them
+    forever (until the agent's SIGKILL, 30 s later by default). The handler defers instead; the interrupted flush
+    re-raises SIGTERM when it returns.
+    """
+    from torchelastic_otel.pipeline import Pipeline
+
+    original = Pipeline.__dict__["flush"]
+    if getattr(original, "__torchelastic_otel__", False):
+        return
+
+    @functools.wraps(original)
+    def flush(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return original(self, *args, **kwargs)
+        _main_flush["depth"] += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _main_flush["depth"] -= 1
+            if _main_flush["depth"] == 0 and _main_flush["deferred"]:
+                _main_flush["deferred"] = False
+                signal.raise_signal(signal.SIGTERM)  # handled now, outside the flush
+
+    flush.__torchelastic_otel__ = True  # type: ignore[attr-defined]
+    patches.set(Pipeline, "flush", flush)
+
+
 def _install_sigterm(patches: Patches) -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
     if previous is signal.SIG_IGN:
         return
+    _guard_main_thread_flush(patches)
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        if _main_flush["depth"]:
+            _main_flush["deferred"] = True  # the interrupted flush re-raises SIGTERM when it is done
+            return
         try:
             _export_and_flush("torchelastic.worker.terminated", {"state": "TERMINATED", "signal": "SIGTERM"})
         finally:

@@ -3,8 +3,8 @@
 ``emit`` is on the job's hot path (torch's agent calls it ~40 times a second, users may call it per step), and an
 SDK instrument call costs ~10x torch's whole null ``put_metric``. So ``emit`` only appends the ``MetricData`` to a
 bounded buffer; the values reach the SDK instruments (chosen by the rule table in :mod:`.rules`) from a background
-drainer every ``TORCHELASTIC_OTEL_METRICS_DRAIN_INTERVAL`` seconds (default 0.5), at the start of every metric
-collection, and at every flush. A full buffer drops the newest value and counts it; nothing blocks the caller.
+drainer (``torchelastic_otel._drainer``): every 0.5 s, at the start of every metric collection, and at every
+flush. A full buffer drops the newest value and counts it; nothing blocks the caller.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import os
 import threading
-import weakref
 from typing import Any, Callable
 
-from torchelastic_otel import _selftelemetry, pipeline
+from torchelastic_otel import _drainer, _selftelemetry, pipeline
 from torchelastic_otel.metrics.api import MetricData, MetricHandler
 from torchelastic_otel.metrics.rules import DEFAULT_RULES, DURATION_BUCKETS_S, Binding, MetricRule, resolve
 from torchelastic_otel.version import __version__
@@ -91,7 +89,7 @@ class OtelMetricHandler(MetricHandler):
         self._pending: collections.deque[MetricData] = collections.deque()
         self._max_pending = max_pending
         self._overflow = 0
-        self._drain_lock = threading.Lock()
+        self._drain_lock = threading.RLock()
         self._generation = -1
         self._meter: Any = None
         self._instruments: dict[str, Any] = {}
@@ -102,6 +100,12 @@ class OtelMetricHandler(MetricHandler):
         provider = meter_provider if meter_provider is not None else pipeline.get_pipeline().meter_provider
         _selftelemetry.instrument(provider)
         _drainer.register(self)
+
+    def after_fork_in_child(self) -> None:
+        """Values buffered before a fork belong to the parent, which exports them."""
+        self._pending.clear()
+        self._overflow = 0
+        self._drain_lock = threading.RLock()
 
     # -- hot path ------------------------------------------------------------------------------------------------
     def emit(self, metric_data: MetricData) -> None:
@@ -198,55 +202,3 @@ class OtelMetricHandler(MetricHandler):
                 name, unit=unit, description=desc, explicit_bucket_boundaries_advisory=buckets
             )
         return meter.create_gauge(name, unit=unit, description=desc)
-
-
-class _Drainer:
-    """One daemon thread per process draining every live handler periodically; restarted after fork."""
-
-    def __init__(self) -> None:
-        self._handlers: weakref.WeakSet[OtelMetricHandler] = weakref.WeakSet()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        try:
-            self.interval = max(0.01, float(os.environ.get("TORCHELASTIC_OTEL_METRICS_DRAIN_INTERVAL", "0.5")))
-        except ValueError:
-            self.interval = 0.5
-
-    def register(self, handler: OtelMetricHandler) -> None:
-        self._handlers.add(handler)
-        self._start()
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._stop = threading.Event()
-                self._thread = threading.Thread(target=self._run, name="torchelastic-otel-metrics", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        stop = self._stop
-        while not stop.wait(self.interval):
-            self.drain_all()
-
-    def drain_all(self) -> None:
-        for handler in list(self._handlers):
-            handler.drain()
-
-    def after_fork_in_child(self) -> None:
-        """Values buffered before the fork belong to the parent, which exports them; the child starts empty."""
-        self._lock = threading.Lock()
-        self._thread = None
-        for handler in list(self._handlers):
-            handler._pending.clear()
-            handler._overflow = 0
-            handler._drain_lock = threading.Lock()
-        if len(self._handlers):
-            self._start()
-
-
-_drainer = _Drainer()
-pipeline.add_flush_hook(_drainer.drain_all)
-_selftelemetry.add_before_collect(_drainer.drain_all)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_drainer.after_fork_in_child)

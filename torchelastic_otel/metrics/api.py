@@ -89,8 +89,16 @@ def _emit(handler: MetricHandler, data: MetricData) -> None:
     try:
         handler.emit(data)
     except Exception as exc:
-        _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "handler_error")
-        logging.getLogger("torchelastic_otel").debug("metric handler failed: %s", exc, exc_info=True)
+        _handler_failed(exc)
+
+
+def _handler_failed(exc: Exception) -> None:
+    _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "handler_error")
+    logging.getLogger("torchelastic_otel").debug("metric handler failed: %s", exc, exc_info=True)
+
+
+#: ``MetricData(...)`` without the namedtuple's Python-level ``__new__`` (same object; put_metric's hot path).
+_new_tuple = tuple.__new__
 
 
 def configure(handler: MetricHandler, group: str | None = None):
@@ -209,10 +217,11 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
      put_metric("metric_name", 1)
      put_metric("metric_name", 1, "metric_group_name")
     """
-    _emit(
-        _metrics_map.get(metric_group, _default_metrics_handler),
-        MetricData(time.time(), metric_group, metric_name, metric_value),
-    )
+    handler = _metrics_map.get(metric_group, _default_metrics_handler)
+    try:
+        handler.emit(_new_tuple(MetricData, (time.time(), metric_group, metric_name, metric_value)))
+    except Exception as exc:
+        _handler_failed(exc)
 
 
 def _publish(metric_group: Any, metric_name: str, metric_value: int) -> None:
