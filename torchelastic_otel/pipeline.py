@@ -22,6 +22,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,28 +59,51 @@ class Pipeline:
     owned: dict[str, bool] = field(default_factory=dict)
 
     def flush(self, timeout_millis: int = 5000) -> bool:
-        """Drain the bridge's buffers, then force-flush every provider that supports it; never raises."""
+        """Drain the bridge's buffers, then force-flush every provider; returns within ``timeout_millis``.
+
+        The SDK's ``force_flush`` exports in the calling thread and ignores its timeout when the backend is down
+        (the OTLP exporter retries for up to 10 s), so the provider flushes run in a helper thread that the caller
+        waits for at most ``timeout_millis``. Once a flush has timed out (backend unreachable), later flushes wait
+        at most 100 ms, so a dying job is not held up once per signal and per exit path. Never raises.
+        """
         for hook in list(_flush_hooks):
             try:
                 hook()
             except Exception:  # pragma: no cover - a hook must not stop the flush
                 _logger.debug("flush hook failed", exc_info=True)
+        if self._backend_down:
+            timeout_millis = min(timeout_millis, 100)
+        ok = _run_bounded(self._force_flush_all, timeout_millis)
+        if ok is None:
+            self._backend_down = True
+            _selftelemetry.count(_selftelemetry.DROPPED, "all", "flush_timeout")
+            return False
+        self._backend_down = not ok
+        return ok
+
+    def _force_flush_all(self) -> bool:
         ok = True
         for provider in (self.meter_provider, self.logger_provider, self.tracer_provider):
             force_flush = getattr(provider, "force_flush", None)
             if force_flush is None:
                 continue
             try:
-                result = force_flush(timeout_millis)
-                ok = ok and result is not False
+                ok = force_flush() is not False and ok
             except Exception:
                 ok = False
                 _logger.debug("force_flush failed", exc_info=True)
         return ok
 
-    def shutdown(self) -> None:
-        """Flush, then shut down the providers this pipeline built (never the application's)."""
-        self.flush()
+    def shutdown(self, timeout_millis: int = 5000) -> bool:
+        """Flush, then shut down the providers this pipeline built (never the application's), within the time."""
+        deadline = time.monotonic() + timeout_millis / 1000
+        self.flush(timeout_millis)
+        remaining = max(0, int((deadline - time.monotonic()) * 1000))
+        if self._backend_down:
+            remaining = min(remaining, 100)
+        return _run_bounded(self._shutdown_owned, remaining) is not None
+
+    def _shutdown_owned(self) -> bool:
         for signal, provider in (
             ("metrics", self.meter_provider),
             ("logs", self.logger_provider),
@@ -90,6 +114,23 @@ class Pipeline:
                     provider.shutdown()
                 except Exception:
                     _logger.debug("shutdown of %s provider failed", signal, exc_info=True)
+        return True
+
+    _backend_down: bool = field(default=False, init=False, repr=False)
+
+
+def _run_bounded(fn: Callable[[], bool], timeout_millis: int) -> bool | None:
+    """``fn()`` in a daemon thread, waited for at most ``timeout_millis``; ``None`` if it did not finish."""
+    result: list[bool] = []
+    thread = threading.Thread(target=lambda: result.append(fn()), name="torchelastic-otel-flush", daemon=True)
+    thread.start()
+    thread.join(max(0, timeout_millis) / 1000)
+    return result[0] if result else None
+
+
+#: Total time the exit paths (end of an agent run, SIGTERM or an uncaught exception in a worker, interpreter exit)
+#: may spend delivering what is left; a dead backend must not hold the job up.
+EXIT_TIMEOUT_MILLIS = int(os.environ.get("TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS", "1000"))
 
 
 _lock = threading.RLock()
@@ -216,6 +257,7 @@ def _build_tracer_provider(resource: Any) -> Any:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = TracerProvider(
+        shutdown_on_exit=False,  # the bridge's exit handler shuts it down, within a time bound
         resource=resource,
         sampler=_or_default("OTEL_TRACES_SAMPLER", lambda: _import_sampler(_get_sampler())),
         id_generator=_or_default("OTEL_PYTHON_ID_GENERATOR", lambda: _import_id_generator(_get_id_generator())),
@@ -237,14 +279,14 @@ def _build_meter_provider(resource: Any) -> Any:
         if made is None:
             continue
         readers.append(made if isinstance(made, MetricReader) else PeriodicExportingMetricReader(made))
-    return MeterProvider(resource=resource, metric_readers=readers)
+    return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
 
 
 def _build_logger_provider(resource: Any) -> Any:
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
-    provider = LoggerProvider(resource=resource)
+    provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
     for name, cls in _exporter_classes("logs").items():
         exporter = _construct("logs", name, cls)
         if exporter is not None:
@@ -284,10 +326,17 @@ def _from_environment() -> Pipeline:
     return Pipeline(tracer_provider, meter_provider, logger_provider, owned=missing)
 
 
+def _at_exit() -> None:
+    """Deliver what is left, then shut down the providers the bridge built -- within EXIT_TIMEOUT_MILLIS."""
+    current = _pipeline
+    if current is not None:
+        current.shutdown(EXIT_TIMEOUT_MILLIS)
+
+
 def _register_atexit() -> None:
     global _atexit_registered
     if not _atexit_registered:
-        atexit.register(flush)
+        atexit.register(_at_exit)
         _atexit_registered = True
 
 

@@ -151,7 +151,7 @@ def _wrap_run(orig: Callable[..., Any], metric_emit: Callable[[MetricData], None
             otel_context.detach(token)
             span.set_attribute("torchelastic.restart_count", _restart_count(self))
             span.end()
-            pipeline.flush(timeout_millis=5000)
+            pipeline.flush(timeout_millis=pipeline.EXIT_TIMEOUT_MILLIS)
 
     return run
 
