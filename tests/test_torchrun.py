@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -309,14 +308,17 @@ def render_span_tree(spans: list[dict[str, Any]]) -> str:
     lines: list[str] = []
 
     def walk(span_list: list[dict[str, Any]], prefix: str, top: bool) -> None:
-        folded: list[tuple[dict[str, Any], int]] = []
+        folded: list[list[Any]] = []  # [first span, count]; leaf spans of one name and process folded
+        leaves: dict[tuple[str, str], list[Any]] = {}
         for span in span_list:
-            if folded and not children.get(span["span_id"]):
-                last, n = folded[-1]
-                if last["name"] == span["name"] and who(last) == who(span) and not children.get(last["span_id"]):
-                    folded[-1] = (last, n + 1)
-                    continue
-            folded.append((span, 1))
+            key = (span["name"], who(span))
+            if not children.get(span["span_id"]) and key in leaves:
+                leaves[key][1] += 1
+                continue
+            entry = [span, 1]
+            folded.append(entry)
+            if not children.get(span["span_id"]):
+                leaves[key] = entry
         for index, (span, count) in enumerate(folded):
             last_one = index == len(folded) - 1
             connector = "" if top else ("└── " if last_one else "├── ")
@@ -514,6 +516,9 @@ def assert_trace_tree(rx: OtlpReceiver, run_id: str | None, world_size: int) -> 
     worker_spans = worker_items(spans)
     assert {s["name"] for s in worker_spans} == {"worker.step", "torchelastic.worker.start"}
     assert all(s["parent_span_id"] == attempt["span_id"] for s in worker_spans)
+    # No worker span starts before its parent (torchelastic.worker.start begins at the process start).
+    assert all(s["start_time_unix_nano"] >= attempt["start_time_unix_nano"] for s in worker_spans)
+    assert all(s["end_time_unix_nano"] <= attempt["end_time_unix_nano"] for s in worker_spans)
     for rank in range(world_size):
         mine = [s for s in worker_spans if s["resource"]["torchelastic.rank"] == rank]
         assert collections.Counter(s["name"] for s in mine) == {"worker.step": STEPS, "torchelastic.worker.start": 1}
@@ -656,6 +661,7 @@ def test_worker_fails_once_and_the_group_restarts(jobs: Callable[..., Job]) -> N
             attempt = by_id[span["parent_span_id"]]
             assert attempt["name"] == "torchelastic.attempt"
             assert attempt["attributes"]["torchelastic.restart_count"] == span["resource"]["torchelastic.restart_count"]
+            assert attempt["start_time_unix_nano"] <= span["start_time_unix_nano"]
         assert {(s["resource"]["torchelastic.rank"], s["resource"]["torchelastic.restart_count"])
                 for s in worker_items(rx.spans("torchelastic.worker.start"))} == {(0, 0), (1, 0), (0, 1), (1, 1)}  # fmt: skip
 
@@ -806,7 +812,16 @@ def _torch_state() -> dict[str, Any]:
         )
     for destination in ("null", "console"):
         state[f"logger[{destination}].handlers"] = list(torch_events._get_or_create_logger(destination).handlers)
+    state.update(_worker_state())
     return state
+
+
+def _worker_state() -> dict[str, Any]:
+    """What install() changes only in a torchrun worker (RANK and TORCHELASTIC_RUN_ID in the environment)."""
+    return {
+        "sys.excepthook": sys.excepthook,
+        "SIGTERM handler": signal.getsignal(signal.SIGTERM),
+    }
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -818,7 +833,8 @@ def _same(a: Any, b: Any) -> bool:
     return a is b or (isinstance(a, str) and a == b)
 
 
-def test_install_uninstall_is_symmetric_and_idempotent(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("as_worker", [False, True], ids=["agent", "worker"])
+def test_install_uninstall_is_symmetric_and_idempotent(monkeypatch: pytest.MonkeyPatch, as_worker: bool) -> None:
     import torch.distributed.elastic.metrics as torch_metrics
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk.metrics import MeterProvider
@@ -830,8 +846,11 @@ def test_install_uninstall_is_symmetric_and_idempotent(monkeypatch: pytest.Monke
     from torchelastic_otel import pipeline
     from torchelastic_otel._install import BOOTSTRAP_DIR
 
-    for var in ("RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_OTEL_AUTO_INSTALL"):
+    for var in ("RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_OTEL_AUTO_INSTALL", "TRACEPARENT"):
         monkeypatch.delenv(var, raising=False)
+    if as_worker:
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "symmetry")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/some/where", "/else"]))
     assert not torchelastic_otel.is_installed(), "another test left the bridge installed"
 
@@ -872,8 +891,10 @@ def test_install_uninstall_is_symmetric_and_idempotent(monkeypatch: pytest.Monke
         for key in before:
             assert _same(installed[key], again[key]), f"second install() changed {key}"
 
-        unchanged = sorted(key for key in before if _same(before[key], installed[key]))
-        assert unchanged == [], f"install() did not bridge {unchanged}"
+        changed = {key for key in before if not _same(before[key], installed[key])}
+        worker_only = set(_worker_state())
+        expected = set(before) if as_worker else set(before) - worker_only
+        assert changed == expected, f"install() changed {sorted(changed)}, expected {sorted(expected)}"
         assert "otel" in installed["_log_handlers"] and "otel" not in before["_log_handlers"]
         assert installed["PYTHONPATH"].split(os.pathsep) == [BOOTSTRAP_DIR, "/some/where", "/else"]
         assert installed["TORCHELASTIC_OTEL_AUTO_INSTALL"] == "1"
@@ -924,3 +945,68 @@ def test_install_uninstall_is_symmetric_and_idempotent(monkeypatch: pytest.Monke
     data = reader.get_metrics_data()
     names = {m.name for rm in (data.resource_metrics if data else ()) for sm in rm.scope_metrics for m in sm.metrics}
     assert "after.value" not in names
+
+
+# ---- SIGTERM while a worker flushes ------------------------------------------------------------------------
+
+_SIGTERM_CHILD = r"""
+import os, signal, sys, threading, time
+os.environ.update(RANK="0", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="sigterm-during-flush")
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+import torchelastic_otel
+
+class SlowSpans(SpanExporter):
+    def export(self, spans):
+        print("EXPORT_START", flush=True)
+        time.sleep(1.0)  # the agent's SIGTERM arrives meanwhile
+        print("EXPORT_END", flush=True)
+        return SpanExportResult.SUCCESS
+
+class PrintLogs(LogRecordExporter):
+    def export(self, batch):
+        for data in batch:
+            print("LOG", data.log_record.event_name, flush=True)
+        return LogRecordExportResult.SUCCESS
+    def shutdown(self):
+        pass
+    def force_flush(self, timeout_millis=30000):
+        return True
+
+tracer_provider = TracerProvider()
+tracer_provider.add_span_processor(BatchSpanProcessor(SlowSpans(), schedule_delay_millis=60000))
+logger_provider = LoggerProvider()
+logger_provider.add_log_record_processor(SimpleLogRecordProcessor(PrintLogs()))
+torchelastic_otel.install(tracer_provider, MeterProvider(), logger_provider, propagate_to_workers=False)
+tracer_provider.get_tracer("t").start_span("last.step").end()
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+torchelastic_otel.flush()  # what a worker does before os._exit
+print("FLUSH_RETURNED", flush=True)
+"""
+
+
+def test_sigterm_during_a_worker_flush_ends_the_worker(tmp_path: Path) -> None:
+    """The agent's SIGTERM may interrupt a worker's own flush: the worker exports ``torchelastic.worker.terminated``,
+    lets the interrupted export finish within its exit budget and ends by SIGTERM, instead of deadlocking on the
+    SDK's export lock (the provider flushes run in a helper thread; the main thread only waits, bounded)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGTERM_CHILD], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+        pytest.fail(f"the worker hung after SIGTERM during a flush:\n{output[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = output.splitlines()
+    assert proc.returncode == -signal.SIGTERM, output[-3000:]
+    assert "EXPORT_END" in lines and "FLUSH_RETURNED" not in lines, output[-3000:]
+    assert "LOG torchelastic.worker.terminated" in lines, output[-3000:]

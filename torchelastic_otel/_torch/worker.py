@@ -14,7 +14,6 @@ carries the run, role and ranks (``torchelastic_otel.resource``). Here:
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import sys
@@ -35,7 +34,7 @@ from torchelastic_otel.events.api import Event, EventSource
 from torchelastic_otel.version import __version__
 
 #: How long a dying worker may spend flushing (the agent SIGKILLs after its shutdown timeout, 30 s by default).
-FLUSH_TIMEOUT_MILLIS = int(os.environ.get("TORCHELASTIC_OTEL_EXIT_FLUSH_TIMEOUT_MILLIS", "3000"))
+FLUSH_TIMEOUT_MILLIS = pipeline.EXIT_TIMEOUT_MILLIS
 
 
 def is_torchrun_worker() -> bool:
@@ -99,54 +98,14 @@ def _export_and_flush(name: str, metadata: dict[str, Any]) -> None:
     pipeline.flush(timeout_millis=FLUSH_TIMEOUT_MILLIS)
 
 
-#: Depth of ``Pipeline.flush`` calls running in the main thread, and whether a SIGTERM waits for them to end.
-_main_flush = {"depth": 0, "deferred": False}
-
-
-def _guard_main_thread_flush(patches: Patches) -> None:
-    """Let a SIGTERM that interrupts a flush in the main thread wait for that flush to end.
-
-    Python runs signal handlers in the main thread between bytecodes, so SIGTERM can arrive while the main thread
-    is inside a flush (``torchelastic_otel.flush()`` before ``os._exit``, the excepthook's, atexit's) holding the
-    SDK processors' export locks, which are not re-entrant: flushing again from the handler would wait for them
-    forever (until the agent's SIGKILL, 30 s later by default). The handler defers instead; the interrupted flush
-    re-raises SIGTERM when it returns.
-    """
-    from torchelastic_otel.pipeline import Pipeline
-
-    original = Pipeline.__dict__["flush"]
-    if getattr(original, "__torchelastic_otel__", False):
-        return
-
-    @functools.wraps(original)
-    def flush(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            return original(self, *args, **kwargs)
-        _main_flush["depth"] += 1
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            _main_flush["depth"] -= 1
-            if _main_flush["depth"] == 0 and _main_flush["deferred"]:
-                _main_flush["deferred"] = False
-                signal.raise_signal(signal.SIGTERM)  # handled now, outside the flush
-
-    flush.__torchelastic_otel__ = True  # type: ignore[attr-defined]
-    patches.set(Pipeline, "flush", flush)
-
-
 def _install_sigterm(patches: Patches) -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
     if previous is signal.SIG_IGN:
         return
-    _guard_main_thread_flush(patches)
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        if _main_flush["depth"]:
-            _main_flush["deferred"] = True  # the interrupted flush re-raises SIGTERM when it is done
-            return
         try:
             _export_and_flush("torchelastic.worker.terminated", {"state": "TERMINATED", "signal": "SIGTERM"})
         finally:
