@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 TORCH_VERSION := 2.13.0
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench clean stack-deps
 
 venv: $(STAMP)
 
@@ -22,8 +22,16 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(PY) examples/demo.py
 
-test: venv
+test: venv stack-deps
 	$(PY) -m pytest -q
+
+# What tests/test_stack_*.py run for real: Debian's prometheus (prometheus + promtool; installed when root and
+# missing) and rotel, an OTLP collector shipped as a wheel (pre-releases only). Idempotent.
+stack-deps: venv
+	@if ! command -v promtool >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; \
+	fi
+	@$(PY) -c "import rotel" 2>/dev/null || $(PIP) install --quiet --pre rotel
 
 bench: venv
 	$(PY) bench/bench_api.py
