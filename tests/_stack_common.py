@@ -6,7 +6,6 @@ Everything binds and targets 127.0.0.1 only; every process started here is stopp
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import os
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests._procs import descendants
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "collector-config"
@@ -123,26 +124,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _descendants(root: int) -> list[int]:
-    """Pids of every live descendant of ``root`` (torch starts workers in their own sessions)."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children[ppid].append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 @dataclass
 class Proc:
     """A started process with its output in a file; :meth:`stop` ends it and everything it started."""
@@ -169,12 +150,12 @@ class Proc:
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM (a torchrun agent stops its workers on it), then SIGKILL whatever of the tree is left."""
         if self.proc.poll() is None:
-            stragglers = _descendants(self.proc.pid)
+            stragglers = descendants(self.proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace)
-            for pid in [self.proc.pid, *stragglers, *_descendants(self.proc.pid)]:
+            for pid in [self.proc.pid, *stragglers, *descendants(self.proc.pid)]:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from tests._procs import descendants
+
 try:
     from tests.otlp_receiver import OtlpReceiver
 except ModuleNotFoundError:  # tests/ is not a package in this checkout
@@ -99,26 +101,6 @@ def c10d_args(run_id: str, port: int | None = None) -> list[str]:
     ]
 
 
-def _descendants(root: int) -> list[int]:
-    """Pids of every live descendant of ``root`` (torch starts workers in their own sessions)."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children[ppid].append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 @dataclass
 class Job:
     """A started job: its process, its output file, and what it ended with."""
@@ -152,13 +134,13 @@ class Job:
         """Stop the job if it still runs: SIGTERM (the agent stops its workers), then SIGKILL what is left."""
         if self.proc.poll() is not None:
             return
-        stragglers = _descendants(self.proc.pid)
+        stragglers = descendants(self.proc.pid)
         try:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=10)
         except (subprocess.TimeoutExpired, ProcessLookupError):
             pass
-        for pid in [self.proc.pid, *stragglers, *_descendants(self.proc.pid)]:
+        for pid in [self.proc.pid, *stragglers, *descendants(self.proc.pid)]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

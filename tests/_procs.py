@@ -1,0 +1,27 @@
+"""Process-tree helpers shared by the tests that start real torchrun jobs."""
+
+from __future__ import annotations
+
+import collections
+import os
+
+
+def descendants(root: int) -> list[int]:
+    """Pids of every live descendant of ``root`` (torch starts workers in their own sessions, so killing the
+    agent's process group does not reach them)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children[ppid].append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
