@@ -16,7 +16,7 @@ from typing import Any
 
 from torchelastic_otel import _selftelemetry
 
-__all__ = ["flatten", "attribute_value", "MAX_ATTRIBUTES", "MAX_STRING_LENGTH", "MAX_DEPTH"]
+__all__ = ["flatten", "attribute_value", "safe_str", "MAX_ATTRIBUTES", "MAX_STRING_LENGTH", "MAX_DEPTH"]
 
 #: At most this many attributes come out of one mapping; the rest are counted as dropped.
 MAX_ATTRIBUTES = 96
@@ -38,11 +38,22 @@ def _text(value: str, signal: str) -> str:
     return value
 
 
+def safe_str(value: Any) -> str:
+    """``str(value)`` as a plain ``str``; a placeholder when the object's ``__str__`` raises (user objects)."""
+    if type(value) is str:
+        return value
+    try:
+        text = str(value)
+        return text if type(text) is str else str.__str__(text)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
+
+
 def _json_text(value: Any, signal: str) -> str:
     """JSON for containers that have no attribute form; ``repr`` where JSON cannot say it (cycles, odd keys)."""
     try:
-        text = json.dumps(value, default=str, allow_nan=True)
-    except (ValueError, TypeError, RecursionError):
+        text = json.dumps(value, default=safe_str, allow_nan=True)
+    except Exception:  # cycles, odd keys, recursion depth, a user's __str__ or __eq__ raising...
         try:
             text = repr(value)
         except Exception:  # a user's __repr__ may raise
@@ -58,16 +69,18 @@ def attribute_value(value: Any, signal: str = "logs") -> Any:
     if isinstance(value, Enum):
         value = value.value
     if isinstance(value, bool):
-        return value
+        return bool(value)
     if isinstance(value, int):
+        if type(value) is not int:
+            value = int.__int__(value)  # a subclass: the plain number
         if _INT64_MIN <= value <= _INT64_MAX:
             return value
         _selftelemetry.count(_selftelemetry.SANITIZED, signal, "int_out_of_range")
         return str(value)
     if isinstance(value, float):
-        return value
+        return value if type(value) is float else float.__float__(value)
     if isinstance(value, str):
-        return _text(value, signal)
+        return _text(value if type(value) is str else str.__str__(value), signal)
     if isinstance(value, (bytes, bytearray, memoryview)):
         _selftelemetry.count(_selftelemetry.SANITIZED, signal, "bytes_decoded")
         return _text(bytes(value).decode("utf-8", "replace"), signal)
@@ -75,10 +88,7 @@ def attribute_value(value: Any, signal: str = "logs") -> Any:
         return _sequence_value(value, signal)
     if isinstance(value, (dict, set, frozenset)):
         return _json_text(value if isinstance(value, dict) else sorted(value, key=repr), signal)
-    try:
-        text = str(value)
-    except Exception:
-        text = f"<unprintable {type(value).__name__}>"
+    text = safe_str(value)
     _selftelemetry.count(_selftelemetry.SANITIZED, signal, "value_stringified")
     return _text(text, signal)
 
@@ -96,7 +106,7 @@ def _sequence_value(seq: list | tuple, signal: str) -> Any:
 
 
 def _key(key: Any) -> str:
-    text = key if isinstance(key, str) else str(key.value if isinstance(key, Enum) else key)
+    text = safe_str(key.value if isinstance(key, Enum) else key)
     return text[:MAX_KEY_LENGTH] or "_"
 
 

@@ -3,8 +3,9 @@
 The adapters' hot paths (``put_metric``, ``record``) only append to bounded buffers, because an SDK call costs
 more than torch's whole null path. Every ``TORCHELASTIC_OTEL_DRAIN_INTERVAL`` seconds (default 0.5), at every
 flush (exit, SIGTERM, ``torchelastic_otel.flush()``) and at the start of every metric collection, the drainer
-calls ``drain()`` on each registered buffer. After ``fork`` the child starts with empty buffers (what was buffered
-belongs to the parent, which exports it) and a new thread.
+calls ``drain()`` on each registered buffer. A flush drains for at most half of its time (the exporters get the
+rest); what an exiting process could not drain in time is counted as dropped (``exit_timeout``). After ``fork``
+the child starts with empty buffers (what was buffered belongs to the parent, which exports it) and a new thread.
 """
 
 from __future__ import annotations
@@ -12,16 +13,26 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import weakref
 from typing import Iterator, Protocol
 
 from torchelastic_otel import _selftelemetry, pipeline
 
-__all__ = ["Drainable", "register", "drain_all", "paused", "interval"]
+__all__ = ["Drainable", "register", "drain_all", "discard_all", "paused", "interval"]
 
 
 class Drainable(Protocol):
-    def drain(self) -> int: ...
+    #: "metrics" or "logs": a metric collection only needs the metric buffers drained
+    signal: str
+
+    def drain(self, deadline: float | None = None) -> int:
+        """Move buffered items into the SDK, stopping once ``time.monotonic()`` passes ``deadline``."""
+        ...
+
+    def discard(self, reason: str) -> int:
+        """Drop what is still buffered, counted as dropped with ``reason`` (at exit, when time ran out)."""
+        ...
 
     def after_fork_in_child(self) -> None: ...
 
@@ -58,10 +69,15 @@ def _start() -> None:
 
 def _run() -> None:
     wait = threading.Event().wait
+    behind = False
     while True:
-        wait(interval)
+        if not behind:
+            wait(interval)
+        behind = False
         if not _paused:
-            drain_all()
+            # Rounds of at most one interval, so a flush never waits long for the lock; a round that could not
+            # empty the buffers is followed by the next one at once.
+            behind = not drain_all(time.monotonic() + interval)
 
 
 _paused: list[bool] = []
@@ -83,14 +99,47 @@ def paused() -> Iterator[None]:
 _drain_lock = threading.RLock()
 
 
-def drain_all() -> None:
-    """Drain every registered buffer now; never raises."""
-    with _drain_lock:
+def drain_all(deadline: float | None = None, signal: str | None = None) -> bool:
+    """Drain every registered buffer (of ``signal``, if given) now, until ``deadline`` (``time.monotonic()``);
+    never raises. ``True`` if it got to the end of every buffer, ``False`` if time ran out first."""
+    lock = _drain_lock
+    if deadline is None:
+        lock.acquire()
+    elif not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        return False  # another thread is draining; it moves the same items
+    try:
+        complete = True
         for buffer in list(_buffers):
+            if signal is not None and getattr(buffer, "signal", None) != signal:
+                continue
             try:
-                buffer.drain()
+                buffer.drain(deadline)
             except Exception:
                 _selftelemetry.count(_selftelemetry.DROPPED, "all", "drain_error")
+            if deadline is not None and time.monotonic() >= deadline:
+                complete = False
+                break
+        return complete
+    finally:
+        lock.release()
+
+
+def discard_all(reason: str) -> int:
+    """Count what is still buffered as dropped (``reason``) and forget it: the process is about to end."""
+    dropped = 0
+    for buffer in list(_buffers):
+        try:
+            dropped += buffer.discard(reason)
+        except Exception:
+            _selftelemetry.count(_selftelemetry.DROPPED, "all", "drain_error")
+    return dropped
+
+
+def _drain_before_collect() -> None:
+    """Before a metric collection: every metric value put before it is in the instruments; events (whose
+    conversion counts what it sanitized) for a short while at most, so a big backlog never stalls a collection."""
+    drain_all(signal="metrics")
+    drain_all(time.monotonic() + 0.2, signal="logs")
 
 
 def _after_fork_in_child() -> None:
@@ -105,6 +154,7 @@ def _after_fork_in_child() -> None:
 
 
 pipeline.add_flush_hook(drain_all)
-_selftelemetry.add_before_collect(drain_all)
+pipeline.add_exit_hook(discard_all)
+_selftelemetry.add_before_collect(_drain_before_collect)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -22,6 +22,7 @@ import traceback
 from typing import Any
 
 from torchelastic_otel import _selftelemetry
+from torchelastic_otel._attributes import safe_str
 from torchelastic_otel.events._otel import OtelEventHandler, OtelLoggingHandler
 from torchelastic_otel.events.api import (  # noqa: F401
     DEFAULT_EVENT_TYPE,
@@ -103,7 +104,7 @@ def _record_to(event: Event | RdzvEvent, destination: str) -> None:
         return
     try:
         message = event.serialize()
-    except (TypeError, ValueError, RecursionError):
+    except Exception:  # unserializable metadata, or a user's container raising: never into the caller
         _selftelemetry.count(_selftelemetry.DROPPED, "logs", "not_serializable")
         return
     record = logger.makeRecord(logger.name, logging.INFO, "(unknown file)", 0, message, None, None)
@@ -139,8 +140,8 @@ def record(
         event_type = DEFAULT_EVENT_TYPE if destination is _UNSET else destination
     if not isinstance(name, str):
         _selftelemetry.count(_selftelemetry.SANITIZED, "logs", "event_name_not_str")
-        name = "" if name is None else str(name)
-    record_event(Event(name, type=str(event_type), metadata=metadata))
+        name = "" if name is None else safe_str(name)
+    record_event(Event(name, type=safe_str(event_type), metadata=metadata))
 
 
 def record_rdzv_event(event: RdzvEvent) -> None:

@@ -60,7 +60,7 @@ def _is_rdzv(event: object) -> bool:
 def _state_of(event: Event | RdzvEvent) -> str:
     if _is_rdzv(event):
         state = event.node_state
-        return str(state.value if isinstance(state, Enum) else state)  # torch's NodeState too
+        return _attributes.safe_str(state.value if isinstance(state, Enum) else state)  # torch's NodeState too
     metadata = event.metadata if isinstance(event.metadata, dict) else {}
     state = metadata.get("state")
     if isinstance(state, str) and state:
@@ -73,7 +73,7 @@ def _exception_attributes(error: Any, out: dict[str, Any]) -> None:
     """Fill ``exception.*`` from torch's error-file JSON (``{"message": {"message", "extraInfo"}}``) or a traceback."""
     if error is None or error == "":
         return
-    text = error if isinstance(error, str) else str(error)
+    text = _attributes.safe_str(error)
     message: Any = None
     stack: Any = None
     try:
@@ -95,7 +95,7 @@ def _exception_attributes(error: Any, out: dict[str, Any]) -> None:
         lines = [line for line in text.strip().splitlines() if line.strip()]
         message = lines[-1].strip() if lines else text
     if message is not None:
-        message = str(message)
+        message = _attributes.safe_str(message)
         head, sep, rest = message.partition(": ")
         if sep and head.replace(".", "").replace("_", "").isalnum() and " " not in head:
             out["exception.type"] = head
@@ -103,7 +103,7 @@ def _exception_attributes(error: Any, out: dict[str, Any]) -> None:
         else:
             out["exception.message"] = _attributes.attribute_value(message)
     if stack:
-        out["exception.stacktrace"] = _attributes.attribute_value(str(stack))
+        out["exception.stacktrace"] = _attributes.attribute_value(_attributes.safe_str(stack))
 
 
 def _event_attributes(event: Event) -> dict[str, Any]:
@@ -171,11 +171,11 @@ def to_log_fields(event: Event | RdzvEvent, now: int | None = None) -> dict[str,
     """
     if _is_rdzv(event):
         attributes = _rdzv_attributes(event)
-        body = event.message if isinstance(event.message, str) else str(event.message)
+        body = _attributes.safe_str(event.message)
         kind = "rdzv"
     else:
         attributes = _event_attributes(event)
-        body = event.name if isinstance(event.name, str) else str(event.name)
+        body = _attributes.safe_str(event.name)
         kind = "legacy" if getattr(event, "_type", None) is not None and event.source is None else "event"
     attributes[PREFIX + "event.kind"] = kind
     severity_number, severity_text = _SEVERITY.get(_state_of(event), _INFO)
@@ -242,6 +242,8 @@ class _EventBuffer:
     carries the trace and span ids that were current when the event was recorded.
     """
 
+    signal = "logs"
+
     def __init__(self, max_pending: int = DEFAULT_MAX_PENDING) -> None:
         self.max_pending = max_pending
         self._pending: collections.deque = collections.deque()
@@ -256,7 +258,8 @@ class _EventBuffer:
         else:
             self._overflow += 1
 
-    def drain(self) -> int:
+    def drain(self, deadline: float | None = None) -> int:
+        """Convert and emit buffered events, oldest first, until ``deadline`` (``time.monotonic()``) if given."""
         with self._lock:
             overflow, self._overflow = self._overflow, 0
             if overflow:
@@ -266,7 +269,11 @@ class _EventBuffer:
                 return 0
             logger = _emitter.logger()
             emitted = 0
+            tried = 0
             while pending:
+                if deadline is not None and tried & 63 == 0 and time.monotonic() >= deadline:
+                    break
+                tried += 1
                 try:
                     event, fields, now, ctx = pending.popleft()
                 except IndexError:
@@ -278,6 +285,15 @@ class _EventBuffer:
                     _selftelemetry.count(_selftelemetry.DROPPED, "logs", "conversion_error")
                     _logger.debug("torchelastic_otel: event dropped: %s", exc, exc_info=True)
             return emitted
+
+    def discard(self, reason: str) -> int:
+        """Forget what is buffered, counted as dropped with ``reason`` (the process ends before it could go)."""
+        lost = len(self._pending) + self._overflow
+        self._pending.clear()
+        self._overflow = 0
+        if lost:
+            _selftelemetry.count(_selftelemetry.DROPPED, "logs", reason, lost)
+        return lost
 
     def after_fork_in_child(self) -> None:
         """Events buffered before a fork belong to the parent, which exports them."""
@@ -343,16 +359,20 @@ class OtelLoggingHandler(logging.Handler):
                 event: Event | RdzvEvent | None = msg
             else:
                 try:
-                    event = _event_from_json(record.getMessage())
+                    message = record.getMessage()
+                except Exception:  # arguments that do not fit the format: keep the raw message, as logging does
+                    message = _attributes.safe_str(msg)
+                try:
+                    event = _event_from_json(message)
                 except (ValueError, TypeError, KeyError, RecursionError):
                     event = None
-            if event is None:
-                event = Event(
-                    name=record.name,
-                    source=None,
-                    timestamp=int(record.created * 1000),
-                    metadata={"message": record.getMessage(), "level": record.levelname},
-                )
+                if event is None:
+                    event = Event(
+                        name=record.name,
+                        source=None,
+                        timestamp=int(record.created * 1000),
+                        metadata={"message": message, "level": record.levelname},
+                    )
             export_event(event)
         except Exception:
             _selftelemetry.count(_selftelemetry.DROPPED, "logs", "conversion_error")

@@ -50,7 +50,20 @@ class NodeState(str, Enum):
 
 def _is_source(value: object) -> bool:
     """True for an ``EventSource`` or its string value, i.e. the torch-style second positional argument."""
-    return isinstance(value, EventSource) or value in EventSource._value2member_map_
+    if isinstance(value, EventSource):
+        return True
+    try:
+        return value in EventSource._value2member_map_
+    except TypeError:  # unhashable: torch's dataclass accepts any source, so must this
+        return False
+
+
+def _type_name(value: object) -> str:
+    """``str(value)``, or a placeholder if a user object's ``__str__`` raises: constructing an event never fails."""
+    try:
+        return str(value)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
 
 
 @dataclass(init=False)
@@ -88,7 +101,7 @@ class Event:
         legacy_type = event_type if event_type is not None else type
         if source is not None and not _is_source(source):
             # Legacy positional order: Event(name, type, metadata, timestamp).
-            legacy_type, source = str(source), None
+            legacy_type, source = _type_name(source), None
             if timestamp is None or isinstance(timestamp, dict):
                 timestamp, metadata = (metadata if metadata is not None else 0), timestamp
         self.name = name

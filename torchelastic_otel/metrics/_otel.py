@@ -13,6 +13,7 @@ import collections
 import logging
 import math
 import threading
+import time
 from typing import Any, Callable
 
 from torchelastic_otel import _drainer, _selftelemetry, pipeline
@@ -36,7 +37,12 @@ def _number(value: Any) -> float | int | None:
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int):
-        return value if -_INT64 <= value < _INT64 else float(value)
+        if -_INT64 <= value < _INT64:
+            return value
+        try:
+            return float(value)  # beyond int64: the nearest float, as precise as any backend stores it
+        except OverflowError:  # beyond float too (> ~1.8e308)
+            return None
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, str):
@@ -101,6 +107,17 @@ class OtelMetricHandler(MetricHandler):
         _selftelemetry.instrument(provider)
         _drainer.register(self)
 
+    signal = "metrics"
+
+    def discard(self, reason: str) -> int:
+        """Forget what is buffered, counted as dropped with ``reason`` (the process ends before it could go)."""
+        lost = len(self._pending) + self._overflow
+        self._pending.clear()
+        self._overflow = 0
+        if lost:
+            _selftelemetry.count(_selftelemetry.DROPPED, "metrics", reason, lost)
+        return lost
+
     def after_fork_in_child(self) -> None:
         """Values buffered before a fork belong to the parent, which exports them."""
         self._pending.clear()
@@ -119,8 +136,9 @@ class OtelMetricHandler(MetricHandler):
             self.delegate.emit(metric_data)
 
     # -- off the hot path ----------------------------------------------------------------------------------------
-    def drain(self) -> int:
-        """Move every buffered value into its instrument; returns how many were recorded. Never raises."""
+    def drain(self, deadline: float | None = None) -> int:
+        """Move buffered values into their instruments, oldest first, until ``deadline`` (``time.monotonic()``) if
+        given; returns how many were recorded. Never raises."""
         with self._drain_lock:
             overflow, self._overflow = self._overflow, 0
             if overflow:
@@ -130,7 +148,11 @@ class OtelMetricHandler(MetricHandler):
                 return 0
             self._ensure_meter()
             recorded = 0
+            tried = 0
             while pending:
+                if deadline is not None and tried & 255 == 0 and time.monotonic() >= deadline:
+                    break
+                tried += 1
                 try:
                     data = pending.popleft()
                 except IndexError:
@@ -156,10 +178,14 @@ class OtelMetricHandler(MetricHandler):
     def _record(self, data: MetricData) -> int:
         try:
             group, name = data.group_name, data.name
+            if type(name) is not str:  # torch accepts any name and group; an unhashable one cannot be a key
+                name = str(name)
+            if type(group) is not str:
+                group = str(group)
             key = (group, name)
             bound = self._bound.get(key)
             if bound is None:
-                bound = self._bind(str(group), str(name))
+                bound = self._bind(group, name)
                 if len(self._bound) < _MAX_BINDINGS:
                     self._bound[key] = bound
             value = _number(data.value)

@@ -1,0 +1,206 @@
+"""Job-level benchmark: what the bridge costs a real torchrun job, end to end.
+
+``.venv/bin/python bench/bench_job.py [--runs 4] [--starts 10]``. A report, not a test: it exits 0 and prints a
+table with PASS/FAIL per target, in 1.5-4 minutes on a 2-core machine.
+
+1. Job wall time. The same 2-worker job -- ``examples/train_ddp.py --steps 30 --hard-exit``, ``--standalone``,
+   gloo on CPU, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` -- run with plain ``torchrun`` and with
+   ``torchelastic-otel run`` exporting OTLP/gRPC to an in-process ``OtlpReceiver`` on 127.0.0.1, in alternating
+   runs (plain, bridged, plain, ...) so that load from other processes hits both alike. Median wall time of each,
+   and their ratio (target <= 1.03x). ``train_ddp.py`` records its events to the "otel" destination, which plain
+   torch does not have: the plain runs get a ``sitecustomize`` that adds it as a ``logging.NullHandler`` (it imports
+   the torch module the script imports anyway).
+2. Worker start-up. A torchrun worker's interpreter starts with the bridge's ``sitecustomize`` (``PYTHONPATH`` =
+   the bootstrap directory, ``TORCHELASTIC_OTEL_AUTO_INSTALL=1``, torchrun's variables, a ``TRACEPARENT``): the
+   time from just before the process is started to the first line of a worker script, with and without it,
+   medians of alternating starts. Installing the bridge imports ``torch.distributed.elastic``, which a torch
+   worker script imports first anyway; so the target (<= 150 ms extra) applies to the first line after the
+   imports of ``examples/train_ddp.py``, and the bare ``python -c`` figure is printed for information.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.otlp_receiver import OtlpReceiver  # noqa: E402
+from torchelastic_otel._install import BOOTSTRAP_DIR  # noqa: E402
+
+BIN = Path(sys.executable).parent
+TORCHRUN, TORCHELASTIC_OTEL = BIN / "torchrun", BIN / "torchelastic-otel"
+JOB = [REPO / "examples" / "train_ddp.py", "--steps", "30", "--hard-exit"]
+TORCHRUN_ARGS = ["--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1"]
+JOB_TIMEOUT = 180.0
+
+OTEL_SHIM = """\
+# bench/bench_job.py: plain torch has no "otel" event destination; give it a silent one.
+import logging
+from torch.distributed.elastic.events import handlers as _handlers
+_handlers._log_handlers.setdefault("otel", logging.NullHandler())
+"""
+
+FIRST_LINE = "import time, sys; sys.stdout.write(str(time.time_ns())); sys.stdout.flush()"
+#: examples/train_ddp.py's imports, then its first line
+FIRST_LINE_AFTER_TORCH = (
+    "import torch, torch.distributed; from torch.distributed.elastic import events, metrics; "
+    "from torch.nn.parallel import DistributedDataParallel; " + FIRST_LINE
+)
+
+
+def base_env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("OTEL_", "TORCHELASTIC_", "TRACEPARENT"))
+        and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME")
+    }
+    env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def otel_env(rx: OtlpReceiver) -> dict[str, str]:
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": rx.grpc_endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+    }
+
+
+def run_job(cmd: list[str | Path], env: dict[str, str], log: Path) -> float:
+    with open(log, "wb") as out:
+        started = time.monotonic()
+        proc = subprocess.Popen([str(c) for c in cmd], env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)  # fmt: skip
+        try:
+            code = proc.wait(timeout=JOB_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            raise RuntimeError(f"job did not finish within {JOB_TIMEOUT} s: see {log}") from None
+        seconds = time.monotonic() - started
+    if code != 0:
+        raise RuntimeError(f"job failed ({code}): {log.read_text(errors='replace')[-2000:]}")
+    return seconds
+
+
+def start_time(code: str, env: dict[str, str]) -> float:
+    """Seconds from just before the interpreter is started to the first line of ``code``."""
+    before = time.time_ns()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
+    return (int(out.stdout.strip().splitlines()[-1]) - before) / 1e9
+
+
+def worker_env(rx: OtlpReceiver, bridged: bool) -> dict[str, str]:
+    env = base_env()
+    env.update(
+        RANK="0", LOCAL_RANK="0", GROUP_RANK="0", ROLE_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+        ROLE_NAME="default", ROLE_WORLD_SIZE="2", GROUP_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500",
+        TORCHELASTIC_RUN_ID="bench-job", TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0",
+        TORCHELASTIC_USE_AGENT_STORE="False", OMP_NUM_THREADS="1",
+        TRACEPARENT="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    )  # fmt: skip
+    env.update(otel_env(rx))
+    if bridged:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH", "")) if p)
+        env["TORCHELASTIC_OTEL_AUTO_INSTALL"] = "1"
+    return env
+
+
+@dataclass
+class Row:
+    name: str
+    baseline: float
+    bridged: float
+    target: str
+    ok: bool | None
+    unit: str = "s"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=4, help="job runs of each kind (alternating)")
+    parser.add_argument("--starts", type=int, default=10, help="worker start-ups of each kind (alternating)")
+    args = parser.parse_args()
+    began = time.monotonic()
+
+    print("torchelastic_otel job benchmark")
+    print(f"  date:    {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
+    print(f"  machine: {os.cpu_count()} CPUs, {platform.machine()}, {platform.system()} {platform.release()}")
+    print(f"  job:     2 workers, examples/train_ddp.py --steps 30 --hard-exit, {args.runs} runs of each, alternating")
+    print(flush=True)
+
+    jobs: dict[str, list[float]] = {"torchrun": [], "torchelastic-otel run": []}
+    starts: dict[str, list[float]] = {"bare": [], "bare+bridge": [], "torch": [], "torch+bridge": []}
+    with tempfile.TemporaryDirectory(prefix="bench_job_") as tmp, OtlpReceiver() as rx:
+        shim = Path(tmp) / "shim"
+        shim.mkdir()
+        (shim / "sitecustomize.py").write_text(OTEL_SHIM)
+        plain_env = base_env()
+        plain_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), plain_env.get("PYTHONPATH", "")) if p)
+        bridged_env = {**base_env(), **otel_env(rx)}
+        for run in range(args.runs):
+            for name, cmd, env in (
+                ("torchrun", [TORCHRUN, *TORCHRUN_ARGS, *JOB], plain_env),
+                ("torchelastic-otel run", [TORCHELASTIC_OTEL, "run", *TORCHRUN_ARGS, *JOB], bridged_env),
+            ):
+                seconds = run_job(cmd, env, Path(tmp) / f"job-{len(jobs[name])}-{name.split()[0]}.log")
+                jobs[name].append(seconds)
+                print(f"  run {run + 1}/{args.runs}  {name:<22} {seconds:6.2f} s", flush=True)
+        delivered = len(rx.logs("trainer.finished"))
+
+        for _ in range(args.starts):
+            for bridged in (False, True):
+                env = worker_env(rx, bridged)
+                suffix = "+bridge" if bridged else ""
+                starts["bare" + suffix].append(start_time(FIRST_LINE, env))
+                starts["torch" + suffix].append(start_time(FIRST_LINE_AFTER_TORCH, env))
+        spans = len(rx.spans("torchelastic.worker.start"))
+
+    med = {k: statistics.median(v) for k, v in {**jobs, **starts}.items()}
+    ratio = med["torchelastic-otel run"] / med["torchrun"]
+    extra_torch = (med["torch+bridge"] - med["torch"]) * 1000
+    extra_bare = (med["bare+bridge"] - med["bare"]) * 1000
+    rows = [
+        Row("job wall time (median)", med["torchrun"], med["torchelastic-otel run"], "<= 1.03x", ratio <= 1.03),
+        Row("worker start-up to train_ddp.py's first line", med["torch"] * 1000, med["torch+bridge"] * 1000,
+            "<= +150 ms", extra_torch <= 150, "ms"),
+        Row("worker start-up to a bare `python -c` line (info)", med["bare"] * 1000, med["bare+bridge"] * 1000,
+            "-", None, "ms"),
+    ]  # fmt: skip
+
+    print()
+    print(f"  {'':<50}{'plain':>12}{'bridged':>12}{'difference':>13}{'ratio':>8}  {'target':<12}result")
+    for row in rows:
+        diff = row.bridged - row.baseline
+        verdict = "-" if row.ok is None else ("PASS" if row.ok else "FAIL  <<<<<")
+        print(
+            f"  {row.name:<50}{row.baseline:>10.2f} {row.unit}{row.bridged:>10.2f} {row.unit}"
+            f"{diff:>+10.2f} {row.unit}{row.bridged / row.baseline:>7.2f}x  {row.target:<12}{verdict}"
+        )
+    print()
+    print(f"  job runs (s): torchrun {[round(s, 2) for s in jobs['torchrun']]}")
+    print(f"                torchelastic-otel run {[round(s, 2) for s in jobs['torchelastic-otel run']]}")
+    print(f"  bridged runs delivered {delivered} 'trainer.finished' records (expected {2 * args.runs}); "
+          f"worker start spans exported: {spans} (expected {2 * args.runs + 2 * args.starts})")  # fmt: skip
+    print(f"  job overhead of the bridge: {med['torchelastic-otel run'] - med['torchrun']:+.2f} s per job (fixed: "
+          "start-up of the agent and the workers, exit flush), i.e. <= 1.03x for jobs longer than "
+          f"{max(0.0, med['torchelastic-otel run'] - med['torchrun']) / 0.03:.0f} s")
+    print(f"  start-up extra per worker: {extra_torch:+.0f} ms (train_ddp.py), {extra_bare:+.0f} ms (bare python -c)")
+    print(f"  total time {time.monotonic() - began:.1f} s")
+    return 0  # a report: a missed target is printed as FAIL, not an error
+
+
+if __name__ == "__main__":
+    sys.exit(main())
