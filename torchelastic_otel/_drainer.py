@@ -23,7 +23,7 @@ __all__ = ["Drainable", "register", "drain_all", "discard_all", "paused", "inter
 
 
 class Drainable(Protocol):
-    #: "metrics" or "logs": a metric collection only needs the metric buffers drained
+    #: "metrics" or "logs": before a metric collection, the metric buffers are drained completely, events briefly
     signal: str
 
     def drain(self, deadline: float | None = None) -> int:
