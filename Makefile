@@ -35,6 +35,7 @@ stack-deps: venv
 
 bench: venv
 	$(PY) bench/bench_api.py
+	$(PY) bench/bench_job.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
