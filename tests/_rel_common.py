@@ -7,7 +7,6 @@ the helper's context ends, and every wait has a deadline.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import os
@@ -23,12 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-try:
-    from tests.otlp_receiver import OtlpReceiver
-except ModuleNotFoundError:  # tests/ is not a package in this checkout
-    from otlp_receiver import OtlpReceiver  # type: ignore[no-redef]
+from tests._procs import descendants
+from tests.otlp_receiver import OtlpReceiver
 
-__all__ = ["OtlpReceiver"]
+__all__ = ["OtlpReceiver", "descendants"]
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).with_name("_rel_child.py")
@@ -187,26 +184,6 @@ def live_child(scenario: str, env: dict[str, str], *args: str) -> Iterator[LiveC
 
 
 # ---- torchrun jobs --------------------------------------------------------------------------------------------
-
-
-def descendants(root: int) -> list[int]:
-    """Pids of every live descendant of ``root`` (torch starts workers in their own sessions)."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children[ppid].append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 @dataclass
