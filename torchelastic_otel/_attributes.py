@@ -10,7 +10,6 @@ attributes, and sizes are bounded. Whatever is altered or left out is counted (s
 from __future__ import annotations
 
 import json
-import math
 from enum import Enum
 from typing import Any
 
@@ -155,8 +154,3 @@ def flatten(
             continue
         out[key] = value
     return out
-
-
-def finite_or_none(value: float) -> float | None:
-    """``value`` if it is a finite number, else ``None`` (histograms and counters cannot take NaN or inf)."""
-    return value if math.isfinite(value) else None
