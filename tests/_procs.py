@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import signal
+import subprocess
 
 
 def descendants(root: int) -> list[int]:
@@ -25,3 +28,19 @@ def descendants(root: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def stop_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """Stop ``proc`` if it still runs: SIGTERM (a torchrun agent stops its workers on it), then SIGKILL whatever
+    is left of its process tree, workers in their own sessions included."""
+    if proc.poll() is None:
+        stragglers = descendants(proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+        for pid in [proc.pid, *stragglers, *descendants(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import select
-import signal
 import socket
 import statistics
 import subprocess
@@ -22,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests._procs import descendants
+from tests._procs import stop_tree
 from tests.otlp_receiver import OtlpReceiver
 
-__all__ = ["OtlpReceiver", "descendants"]
+__all__ = ["OtlpReceiver"]
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).with_name("_rel_child.py")
@@ -219,17 +218,7 @@ class Job:
 
     def kill(self) -> None:
         """SIGTERM (the agent stops its workers), then SIGKILL whatever is left of the job."""
-        if self.proc.poll() is not None:
-            return
-        stragglers = descendants(self.proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired, ProcessLookupError):
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=10)
-        for pid in [self.proc.pid, *stragglers, *descendants(self.proc.pid)]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
+        stop_tree(self.proc)
 
 
 class Jobs:

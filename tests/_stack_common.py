@@ -6,12 +6,10 @@ Everything binds and targets 127.0.0.1 only; every process started here is stopp
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests._procs import descendants
+from tests._procs import stop_tree
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "collector-config"
@@ -149,17 +147,7 @@ class Proc:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM (a torchrun agent stops its workers on it), then SIGKILL whatever of the tree is left."""
-        if self.proc.poll() is None:
-            stragglers = descendants(self.proc.pid)
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=grace)
-            for pid in [self.proc.pid, *stragglers, *descendants(self.proc.pid)]:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=grace)
+        stop_tree(self.proc, grace)
 
 
 def start(cmd: list[str | Path], log: Path, env: dict[str, str] | None = None, cwd: Path = REPO) -> Proc:

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests._procs import descendants
+from tests._procs import stop_tree
 
 try:
     from tests.otlp_receiver import OtlpReceiver
@@ -132,23 +132,7 @@ class Job:
 
     def kill(self) -> None:
         """Stop the job if it still runs: SIGTERM (the agent stops its workers), then SIGKILL what is left."""
-        if self.proc.poll() is not None:
-            return
-        stragglers = descendants(self.proc.pid)
-        try:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=10)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            pass
-        for pid in [self.proc.pid, *stragglers, *descendants(self.proc.pid)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        stop_tree(self.proc)
 
 
 @pytest.fixture
