@@ -452,11 +452,11 @@ os._exit(0)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="bridge bug: torchelastic_otel.flush() force-flushes the pull-only "
-                   "PrometheusMetricReader, whose collector queues the snapshot; the next scrape then repeats every "
-                   "metric family and serves the flushed (stale) value first (opentelemetry-python#2500)")
 def test_a_scrape_after_flush_serves_each_series_once_with_its_current_value() -> None:
-    """Prometheus keeps the first sample of a series in a scrape: it must be the current value."""
+    """Prometheus keeps the first sample of a series in a scrape: it must be the current value, once.
+
+    ``flush()`` must not collect the pull-only Prometheus reader: its collector would queue that snapshot and the
+    next scrape would repeat every metric family with the stale value first (opentelemetry-python#2500)."""
     port = stack.free_port()
     env = stack.clean_env(OTEL_METRICS_EXPORTER="prometheus", OTEL_TRACES_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
                           OTEL_EXPORTER_PROMETHEUS_HOST=stack.HOST, OTEL_EXPORTER_PROMETHEUS_PORT=str(port))

@@ -14,6 +14,7 @@ started) if it outlives it. A quick in-process test checks that ``install()`` / 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 import socket
@@ -976,3 +977,43 @@ def test_sigterm_during_a_worker_flush_ends_the_worker(tmp_path: Path) -> None:
     assert proc.returncode == -signal.SIGTERM, output[-3000:]
     assert "EXPORT_END" in lines and "FLUSH_RETURNED" not in lines, output[-3000:]
     assert "LOG torchelastic.worker.terminated" in lines, output[-3000:]
+
+
+# ---- what install() imports -------------------------------------------------------------------------------------
+
+_IMPORTS_CHILD = r"""
+import json, sys
+import torchelastic_otel
+installed = torchelastic_otel.install(propagate_to_workers=False)
+state = {
+    "installed": installed,
+    "rendezvous": "torch.distributed.elastic.rendezvous.dynamic_rendezvous" in sys.modules,
+    "agent": "torch.distributed.elastic.agent.server.api" in sys.modules,
+    "etcd": "torch.distributed.elastic.rendezvous.etcd_rendezvous_backend" in sys.modules,
+}
+import torch.distributed.elastic.rendezvous.dynamic_rendezvous as dynamic_rendezvous
+from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+state["rdzv_bridged"] = getattr(dynamic_rendezvous.construct_and_record_rdzv_event, "__torchelastic_otel__", False)
+state["agent_bridged"] = getattr(SimpleElasticAgent.__dict__["run"], "__torchelastic_otel__", False)
+print(json.dumps(state))
+"""
+
+
+@pytest.mark.parametrize("as_worker", [False, True], ids=["agent", "worker"])
+def test_a_worker_does_not_import_the_agent_and_rendezvous_modules(as_worker: bool) -> None:
+    """A worker pays start-up time for every module the bridge imports: torch's agent and rendezvous modules
+    (~150 ms) are not imported in a worker. The agent's lifecycle is bridged in a worker only if it imported the
+    agent itself before install; a rendezvous module it imports later still records through the bridge (it takes
+    ``construct_and_record_rdzv_event`` from torch's events module, which is bridged). An agent bridges them all
+    at install. No process imports the etcd backend (and urllib3) for the bridge's sake: it records no events."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_", "RANK"))}
+    env.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
+    if as_worker:
+        env.update(RANK="0", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="imports")
+    result = subprocess.run([sys.executable, "-c", _IMPORTS_CHILD], env=env, cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    bridged = not as_worker
+    assert got == {"installed": True, "rendezvous": bridged, "agent": bridged, "etcd": False,
+                   "rdzv_bridged": True, "agent_bridged": bridged}  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from typing import Any
 
@@ -22,6 +23,11 @@ _logger = logging.getLogger("torchelastic_otel")
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
 #: Set in the environment of processes that should install the bridge at start-up.
 AUTO_INSTALL_ENV = "TORCHELASTIC_OTEL_AUTO_INSTALL"
+
+_AGENT_MODULES = (
+    "torch.distributed.elastic.agent.server.api",
+    "torch.distributed.elastic.agent.server.local_elastic_agent",
+)
 
 _lock = threading.RLock()
 _patches: Any = None
@@ -53,6 +59,11 @@ def _set_env(patches: Any, var: str, value: str) -> None:
     patches.on_restore(lambda: os.environ.pop(var, None) if previous is None else os.environ.__setitem__(var, previous))
 
 
+def _agent_loaded() -> bool:
+    """Whether torch's elastic agent modules are imported in this process (the lifecycle spans wrap them)."""
+    return all(name in sys.modules for name in _AGENT_MODULES)
+
+
 def install(
     tracer_provider: Any = None,
     meter_provider: Any = None,
@@ -78,7 +89,7 @@ def install(
         except Exception as exc:
             _logger.info("torchelastic_otel: torch.distributed.elastic not available (%s); nothing to install", exc)
             return False
-        from torchelastic_otel._torch import events_bridge, lifecycle, metrics_bridge, worker
+        from torchelastic_otel._torch import events_bridge, metrics_bridge, worker
         from torchelastic_otel._torch.patches import Patches
         from torchelastic_otel.events._otel import OtelLoggingHandler
         from torchelastic_otel.metrics._otel import OtelMetricHandler
@@ -89,8 +100,13 @@ def install(
         try:
             metric_handler = OtelMetricHandler()
             metrics_bridge.install(patches, metric_handler)
-            events_bridge.install(patches, OtelLoggingHandler())
-            lifecycle.install(patches, metric_handler.emit)
+            # A worker does not import torch's agent and rendezvous modules (~150 ms); bridge them only if it did.
+            agent_side = not worker.is_torchrun_worker()
+            events_bridge.install(patches, OtelLoggingHandler(), import_rendezvous=agent_side)
+            if agent_side or _agent_loaded():
+                from torchelastic_otel._torch import lifecycle
+
+                lifecycle.install(patches, metric_handler.emit)
             worker.install(patches)
             if propagate_to_workers:
                 _prepend_env_path(patches, "PYTHONPATH", BOOTSTRAP_DIR)

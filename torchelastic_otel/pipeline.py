@@ -98,8 +98,8 @@ class Pipeline:
         return ok
 
     def _force_flush_all(self) -> bool:
-        ok = True
-        for provider in (self.meter_provider, self.logger_provider, self.tracer_provider):
+        ok = _flush_push_readers(self.meter_provider)
+        for provider in (self.logger_provider, self.tracer_provider):
             force_flush = getattr(provider, "force_flush", None)
             if force_flush is None:
                 continue
@@ -133,6 +133,35 @@ class Pipeline:
         return True
 
     _backend_down: bool = field(default=False, init=False, repr=False)
+
+
+def _is_pull_reader(reader: Any) -> bool:
+    """A reader that is scraped (Prometheus): nothing to push, and collecting it out of turn queues a snapshot
+    that its next scrape serves first, with every metric family twice (opentelemetry-python#2500). A scrape
+    drains the bridge's buffers itself (``_selftelemetry.add_before_collect``)."""
+    return any(cls.__name__ == "PrometheusMetricReader" for cls in type(reader).__mro__)
+
+
+def _flush_push_readers(meter_provider: Any) -> bool:
+    """``MeterProvider.force_flush`` without the pull readers; any other provider's own ``force_flush``."""
+    readers = getattr(meter_provider, "_metric_readers", None)
+    if readers is None or not any(_is_pull_reader(r) for r in readers):
+        force_flush = getattr(meter_provider, "force_flush", None)
+        try:
+            return force_flush is None or force_flush() is not False
+        except Exception:
+            _logger.debug("force_flush failed", exc_info=True)
+            return False
+    ok = True
+    for reader in readers:
+        if _is_pull_reader(reader):
+            continue
+        try:
+            ok = reader.force_flush() is not False and ok
+        except Exception:
+            ok = False
+            _logger.debug("force_flush of %s failed", type(reader).__name__, exc_info=True)
+    return ok
 
 
 def _run_bounded(

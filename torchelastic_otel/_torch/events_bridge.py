@@ -23,7 +23,6 @@ _RDZV_MODULES = (
     "torch.distributed.elastic.events",
     "torch.distributed.elastic.rendezvous.dynamic_rendezvous",
     "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
-    "torch.distributed.elastic.rendezvous.etcd_rendezvous_backend",
 )
 
 
@@ -59,8 +58,14 @@ def _rdzv_recorder(handler: logging.Handler):  # type: ignore[no-untyped-def]
     return construct_and_record_rdzv_event
 
 
-def install(patches: Patches, handler: logging.Handler) -> None:
-    """Bridge every torch event destination and the rendezvous events to ``handler`` (an OtelLoggingHandler)."""
+def install(patches: Patches, handler: logging.Handler, *, import_rendezvous: bool = True) -> None:
+    """Bridge every torch event destination and the rendezvous events to ``handler`` (an OtelLoggingHandler).
+
+    With ``import_rendezvous=False`` (in workers) only the rendezvous modules already imported are patched:
+    importing them costs a worker ~100 ms of start-up for events only an agent records. One imported later still
+    records through the bridge, as it takes ``construct_and_record_rdzv_event`` from torch's (patched) events
+    module.
+    """
     import torch.distributed.elastic.events as torch_events
     import torch.distributed.elastic.events.handlers as torch_handlers
 
@@ -74,10 +79,11 @@ def install(patches: Patches, handler: logging.Handler) -> None:
             patches.on_restore(lambda logger=logger: logger.removeHandler(handler))
     recorder = _rdzv_recorder(handler)
     for module_name in _RDZV_MODULES:
-        try:
-            __import__(module_name)
-        except Exception:  # e.g. etcd backend without its client library
-            continue
-        module = sys.modules[module_name]
-        if hasattr(module, "construct_and_record_rdzv_event"):
+        if import_rendezvous:
+            try:
+                __import__(module_name)
+            except Exception:  # e.g. etcd backend without its client library
+                continue
+        module = sys.modules.get(module_name)
+        if module is not None and hasattr(module, "construct_and_record_rdzv_event"):
             patches.set(module, "construct_and_record_rdzv_event", recorder)
