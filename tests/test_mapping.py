@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import collections
 import math
 import os
 import re
@@ -757,3 +758,39 @@ def test_legacy_event_through_otel_event_handler(otel):
         "torchelastic.event.kind": "legacy",
     }
     assert record.span_id == span.get_span_context().span_id
+
+
+def test_a_drain_sums_counters_and_keeps_the_last_gauge_value_in_one_sdk_call_each(otel, handler):
+    """A training loop puts values every step; an SDK call costs 10-15 us each, so a drain adds up a counter's
+    values and sets only a gauge's last one -- one SDK call per instrument and chunk of 1,024 values -- while every
+    histogram value is recorded. Exported results are those of one call per value."""
+    from torchelastic_otel.metrics import _otel as metric_adapter
+
+    steps = 3 * metric_adapter._CHUNK // 4 + 7  # 4 values a step: the drain crosses chunk boundaries
+    metrics.put_metric("samples_total", 16, "trainer")
+    metrics.put_metric("loss", 1.0, "trainer")
+    metrics.put_metric("step_latency_ms", 1, "trainer")
+    metrics.put_metric("tokens_total", 2**62, "trainer")
+    torchelastic_otel.flush()  # binds the instruments
+    calls: collections.Counter[str] = collections.Counter()
+    for (group, name), bound in handler._bound.items():
+        original = bound.call
+        bound.call = lambda value, attributes, _name=name, _original=original: (
+            calls.update([_name]), _original(value, attributes))
+
+    for step in range(steps):
+        metrics.put_metric("samples_total", 16, "trainer")
+        metrics.put_metric("loss", 1.0 / (step + 2), "trainer")
+        metrics.put_metric("step_latency_ms", step, "trainer")
+        metrics.put_metric("tokens_total", 2**62, "trainer")  # the sum goes beyond int64: exported as a float
+    assert torchelastic_otel.flush() is True
+    data = otel.reader.get_metrics_data()
+    app = {"metric_group": "trainer"}
+    assert _point(data, "samples_total", **app).value == 16 * (steps + 1)
+    assert _point(data, "loss", **app).value == 1.0 / (steps + 1)
+    duration = _point(data, "step_latency", **app)
+    assert duration.count == steps + 1 and math.isclose(duration.sum, sum(range(steps)) / 1000 + 0.001)
+    assert math.isclose(_point(data, "tokens_total", **app).value, 2**62 * (steps + 1))
+    chunks = -(-4 * steps // metric_adapter._CHUNK)
+    assert calls["samples_total"] <= chunks and calls["loss"] <= chunks and calls["tokens_total"] <= chunks
+    assert calls["step_latency_ms"] == steps

@@ -1,0 +1,188 @@
+"""The providers the bridge builds from ``OTEL_*``, with the SDK's own configuration code.
+
+Exporter names and the OTLP protocol per signal, sampler and id generator come from
+``opentelemetry.sdk._configuration``; the resource from ``Resource.create`` plus torchrun's environment. One exporter
+that cannot be loaded or started is skipped (logged, counted), never the whole pipeline. Each worker of a node gets
+its own Prometheus port.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from torchelastic_otel import _exporters, _selftelemetry
+
+_logger = logging.getLogger("torchelastic_otel")
+
+DEFAULT_SERVICE_NAME = "torchelastic"
+_DEFAULT_EXPORTER = "otlp"
+_SIGNAL_ENV = {
+    "traces": "OTEL_TRACES_EXPORTER",
+    "metrics": "OTEL_METRICS_EXPORTER",
+    "logs": "OTEL_LOGS_EXPORTER",
+}
+
+
+def resource() -> Any:
+    """``Resource.create`` (env detectors, ``OTEL_RESOURCE_ATTRIBUTES``) with ``service.name`` defaulting to ours."""
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+
+    resource = Resource.create()
+    if not os.environ.get("OTEL_SERVICE_NAME") and str(resource.attributes.get(SERVICE_NAME, "")).startswith(
+        "unknown_service"
+    ):
+        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    from torchelastic_otel.resource import torchrun_attributes
+
+    # Attributes from torchrun's environment first, so an explicit OTEL_RESOURCE_ATTRIBUTES still wins.
+    return Resource(torchrun_attributes()).merge(resource)
+
+
+def exporter_classes(signal: str) -> dict[str, type]:
+    """Exporter classes named by ``OTEL_{signal}_EXPORTER`` (default ``otlp``), resolved by the SDK's entry points.
+
+    Each name is resolved on its own (the SDK's ``_get_exporter_entry_point`` picks the OTLP protocol per signal):
+    one that cannot be (an unknown exporter, an invalid ``OTEL_EXPORTER_OTLP_*PROTOCOL``) is skipped with a warning
+    and counted, so it costs neither the signal's other exporters nor the other signals.
+    """
+    from opentelemetry.sdk._configuration import _get_exporter_entry_point, _import_exporters
+
+    names = os.environ.get(_SIGNAL_ENV[signal], _DEFAULT_EXPORTER)
+    if not names or names.strip().lower() == "none":
+        return {}
+    index = ("traces", "metrics", "logs").index(signal)
+    classes: dict[str, type] = {}
+    for requested in names.split(","):
+        requested = requested.strip()
+        if not requested:
+            continue
+        try:
+            args: list[list[str]] = [[], [], []]
+            args[index] = [_get_exporter_entry_point(requested, signal)]  # type: ignore[arg-type]
+            classes.update(_import_exporters(*args)[index])
+        except Exception as exc:
+            _selftelemetry.count(_selftelemetry.DROPPED, signal, f"exporter_unavailable:{requested}")
+            _logger.warning("torchelastic_otel: %s exporter %r is not available: %s", signal, requested, exc)
+    return classes
+
+
+def construct(signal: str, name: str, cls: type) -> Any | None:
+    """Instantiate one exporter/reader; a failure is logged and counted instead of losing the whole pipeline.
+
+    Exporters come back wrapped (``_exporters.wrap_exporter``): a failed export is counted as dropped, ``export_failed``.
+    """
+    try:
+        with _prometheus_port_for_this_process(cls):
+            return _exporters.wrap_exporter(signal, cls())
+    except Exception as exc:
+        _selftelemetry.count(_selftelemetry.DROPPED, signal, f"exporter_unavailable:{name}")
+        _logger.warning("torchelastic_otel: %s exporter %r could not start: %s", signal, name, exc)
+        return None
+
+
+class _prometheus_port_for_this_process:
+    """Give each worker of a node its own Prometheus port: ``OTEL_EXPORTER_PROMETHEUS_PORT + 1 + LOCAL_RANK``.
+
+    The agent (no ``LOCAL_RANK``) keeps the base port (default 9464). Without this, the second worker on a node
+    dies binding the same port and loses its whole pipeline. ``TORCHELASTIC_OTEL_PROMETHEUS_PORT_OFFSET=0``
+    turns the offset off (for one worker per container).
+
+    The host defaults to ``127.0.0.1`` when ``OTEL_EXPORTER_PROMETHEUS_HOST`` is unset: the exporter's own default,
+    ``localhost``, is resolved by name (``/etc/hosts``, DNS search domains), so it is not guaranteed to be a
+    loopback address. Set ``OTEL_EXPORTER_PROMETHEUS_HOST=0.0.0.0`` to serve other hosts.
+    """
+
+    def __init__(self, cls: type) -> None:
+        self._prometheus = "prometheus" in getattr(cls, "__module__", "")
+        self._active = self._prometheus and "LOCAL_RANK" in os.environ
+        self._saved: str | None = None
+        self._host_defaulted = False
+
+    def __enter__(self) -> None:
+        if self._prometheus and not os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST"):
+            os.environ["OTEL_EXPORTER_PROMETHEUS_HOST"] = "127.0.0.1"
+            self._host_defaulted = True
+        if not self._active or os.environ.get("TORCHELASTIC_OTEL_PROMETHEUS_PORT_OFFSET", "1") == "0":
+            self._active = False
+            return
+        self._saved = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT")
+        base = int(self._saved or 9464)
+        try:
+            local_rank = int(os.environ["LOCAL_RANK"])
+        except ValueError:
+            local_rank = 0
+        os.environ["OTEL_EXPORTER_PROMETHEUS_PORT"] = str(base + 1 + local_rank)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._host_defaulted:
+            os.environ.pop("OTEL_EXPORTER_PROMETHEUS_HOST", None)
+        if not self._active:
+            return
+        if self._saved is None:
+            os.environ.pop("OTEL_EXPORTER_PROMETHEUS_PORT", None)
+        else:
+            os.environ["OTEL_EXPORTER_PROMETHEUS_PORT"] = self._saved
+
+
+def _or_default(variable: str, load: Callable[[], Any]) -> Any:
+    """A component named by ``variable``, or ``None`` (the SDK default) when it cannot be loaded."""
+    try:
+        return load()
+    except Exception as exc:
+        _logger.warning("torchelastic_otel: ignoring %s (%s); using the SDK default", variable, exc)
+        _selftelemetry.count(_selftelemetry.SANITIZED, "traces", f"invalid_{variable.lower()}")
+        return None
+
+
+def build_tracer_provider(resource: Any) -> Any:
+    from opentelemetry.sdk._configuration import (
+        _get_id_generator,
+        _get_sampler,
+        _import_id_generator,
+        _import_sampler,
+    )
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(
+        shutdown_on_exit=False,  # the bridge's exit handler shuts it down, within a time bound
+        resource=resource,
+        sampler=_or_default("OTEL_TRACES_SAMPLER", lambda: _import_sampler(_get_sampler())),
+        id_generator=_or_default("OTEL_PYTHON_ID_GENERATOR", lambda: _import_id_generator(_get_id_generator())),
+    )
+    for name, cls in exporter_classes("traces").items():
+        exporter = construct("traces", name, cls)
+        if exporter is not None:
+            provider.add_span_processor(_exporters.counting_batch_processor(BatchSpanProcessor, "traces")(exporter))
+    return provider
+
+
+def build_meter_provider(resource: Any, pull: bool = True) -> Any:
+    """The meter provider; ``pull=False`` leaves out pull exporters (Prometheus: a forked child's parent serves)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+
+    readers = []
+    for name, cls in exporter_classes("metrics").items():
+        if not pull and "prometheus" in getattr(cls, "__module__", ""):
+            continue
+        made = construct("metrics", name, cls)
+        if made is None:
+            continue
+        readers.append(made if isinstance(made, MetricReader) else PeriodicExportingMetricReader(made))
+    return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+
+
+def build_logger_provider(resource: Any) -> Any:
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+    provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
+    for name, cls in exporter_classes("logs").items():
+        exporter = construct("logs", name, cls)
+        if exporter is not None:
+            provider.add_log_record_processor(_exporters.counting_batch_processor(BatchLogRecordProcessor, "logs")(exporter))
+    return provider
