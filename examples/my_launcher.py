@@ -15,6 +15,7 @@ for a single node. The pipeline is configured from the standard ``OTEL_*`` varia
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 import uuid
@@ -68,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     args.run_id = args.run_id or str(uuid.uuid4())
 
     # Before the agent runs: torch's agent, rendezvous, events and metrics now export to OpenTelemetry, and the
-    # workers started below install the bridge themselves.
+    # workers started below install the bridge themselves. With the run id in the environment first, the agent's
+    # resource carries it (torchelastic.run_id), as the workers' do.
+    os.environ.setdefault("TORCHELASTIC_RUN_ID", args.run_id)
     torchelastic_otel.install()
 
     rdzv_handler = make_rdzv_handler(args)

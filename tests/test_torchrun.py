@@ -574,6 +574,7 @@ def test_custom_launcher_route(jobs: Callable[..., Job]) -> None:
         run = assert_trace_tree(rx, run_id, world_size=2)
         assert run["attributes"]["torchelastic.role"] == "trainer"
         assert run["resource"]["process.pid"] == job.pid
+        assert run["resource"]["torchelastic.run_id"] == run_id  # the launcher sets it before install()
 
 
 # ---- failures ---------------------------------------------------------------------------------------------

@@ -74,6 +74,10 @@ def _run() -> None:
         if not behind:
             wait(interval)
         behind = False
+        try:
+            pipeline.build_if_due()
+        except Exception:  # pragma: no cover - get_pipeline never raises; the drainer must never die
+            pass
         if not _paused:
             # Rounds of at most one interval, so a flush never waits long for the lock; a round that could not
             # empty the buffers is followed by the next one at once.

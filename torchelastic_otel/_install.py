@@ -96,6 +96,8 @@ def install(
 
         if tracer_provider is not None or meter_provider is not None or logger_provider is not None:
             pipeline.setup(tracer_provider, meter_provider, logger_provider)
+        elif worker.is_torchrun_worker():
+            pipeline.defer()  # the exporters are set up off the worker's start-up path
         patches = Patches()
         try:
             metric_handler = OtelMetricHandler()

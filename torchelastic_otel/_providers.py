@@ -19,7 +19,7 @@ _logger = logging.getLogger("torchelastic_otel")
 
 DEFAULT_SERVICE_NAME = "torchelastic"
 _DEFAULT_EXPORTER = "otlp"
-_SIGNAL_ENV = {
+SIGNAL_ENV = {
     "traces": "OTEL_TRACES_EXPORTER",
     "metrics": "OTEL_METRICS_EXPORTER",
     "logs": "OTEL_LOGS_EXPORTER",
@@ -50,7 +50,7 @@ def exporter_classes(signal: str) -> dict[str, type]:
     """
     from opentelemetry.sdk._configuration import _get_exporter_entry_point, _import_exporters
 
-    names = os.environ.get(_SIGNAL_ENV[signal], _DEFAULT_EXPORTER)
+    names = os.environ.get(SIGNAL_ENV[signal], _DEFAULT_EXPORTER)
     if not names or names.strip().lower() == "none":
         return {}
     index = ("traces", "metrics", "logs").index(signal)

@@ -10,6 +10,8 @@ It stands in for torchelastic's handlers. Rules, in order:
    default to ``otlp`` as the specification says.
 3. ``OTEL_SDK_DISABLED=true`` gives no-op providers: nothing is recorded or exported.
 4. :func:`setup` lets a program pass its own providers explicitly instead.
+5. A torchrun worker builds its pipeline off its start-up path (:func:`defer`): placeholders stand in for the
+   global providers until the first use.
 
 The bridge flushes at exit (and, in workers, on SIGTERM), each time within a bound: a dead backend must not hold
 the job up. A forked child rebuilds the providers the bridge built, with its own resource, on first use
@@ -183,8 +185,8 @@ _atexit_registered = False
 
 
 def _is_unset(provider: Any) -> bool:
-    """True for the API's proxy providers, i.e. nobody has set a global provider yet."""
-    return type(provider).__name__.startswith(("Proxy", "_Proxy"))
+    """True for the API's proxy providers (nobody has set a global provider yet) and the bridge's placeholders."""
+    return isinstance(provider, _BuildOnUse) or type(provider).__name__.startswith(("Proxy", "_Proxy"))
 
 
 def _noop_pipeline() -> Pipeline:
@@ -224,6 +226,7 @@ def _at_exit() -> None:
     deadline = time.monotonic() + EXIT_TIMEOUT_MILLIS / 1000
     if _fork_pending and not _settle_fork(deadline):
         return  # a forked child that recorded nothing: nothing of its own to deliver
+    _build_deferred()
     current = _pipeline
     if current is not None:
         current.shutdown(max(0, int((deadline - time.monotonic()) * 1000)))
@@ -271,6 +274,7 @@ def get_pipeline() -> Pipeline:
                     _pipeline = _noop_pipeline()
             _register_atexit()
             _selftelemetry.instrument(_pipeline.meter_provider)
+            _after_build()
         return _pipeline
 
 
@@ -295,7 +299,106 @@ def setup(tracer_provider: Any = None, meter_provider: Any = None, logger_provid
         _register_atexit()
         _generation[0] += 1
         _selftelemetry.instrument(_pipeline.meter_provider)
+        _after_build()
         return _pipeline
+
+
+def prepare() -> None:
+    """Make the bridge's providers the global ones now, before the application starts spans: build the pipeline,
+    unless its set-up is deferred (then placeholders already stand in for the global providers)."""
+    if _deferred_since is None:
+        get_pipeline()
+
+
+# ---- deferred set-up (torchrun workers) -------------------------------------------------------------------------
+
+#: The latest a deferred pipeline is built after ``defer()``, by the drainer, if nothing needed it before.
+DEFER_MAX_MILLIS = _exporters.env_millis("TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS", 5000)
+_deferred_since: float | None = None
+_on_build: list[Callable[[], Any]] = []
+
+
+class _BuildOnUse:
+    """Stands in for a global provider while the bridge's pipeline is not built yet: the first use (``get_tracer``,
+    ``get_meter``, ``get_logger``...) builds it and goes to the real provider.
+
+    It is put in the API's module global directly, so the API's set-once guard stays unused: an application (or
+    ``opentelemetry-instrument``) that sets its own provider meanwhile replaces it, and the bridge then uses that.
+    """
+
+    def __init__(self, signal: str) -> None:
+        self._signal = signal
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_signal":
+            raise AttributeError(name)
+        pipe = get_pipeline()
+        provider = {"traces": pipe.tracer_provider, "metrics": pipe.meter_provider, "logs": pipe.logger_provider}
+        return getattr(provider[self._signal], name)
+
+
+def _pulls_metrics() -> bool:
+    return "prometheus" in os.environ.get(_providers.SIGNAL_ENV["metrics"], "").lower()
+
+
+def defer() -> bool:
+    """Build the pipeline later, off the start-up path of the process: on first use (a value or event to export,
+    a span or meter the application asks for, a flush, exit), or ``DEFER_MAX_MILLIS`` after this call.
+
+    A torchrun worker's start-up would otherwise pay for importing and setting up the SDK and its exporters
+    (~150-250 ms, the OTLP/gRPC exporters most of it) before the training script's first line. Not with a
+    Prometheus exporter, whose endpoint must be up from the start. ``True`` if the set-up is deferred now.
+    """
+    global _deferred_since
+    with _lock:
+        if _pipeline is not None or _deferred_since is not None or sdk_disabled() or _pulls_metrics():
+            return False
+        for signal in _GLOBALS:
+            _replace_global(signal, None, _BuildOnUse(signal))  # only where no provider is set
+        _deferred_since = time.monotonic()
+        _register_atexit()
+        return True
+
+
+def setup_pending() -> bool:
+    """Whether the pipeline's set-up is deferred and has not happened yet."""
+    return _deferred_since is not None and _pipeline is None
+
+
+def when_built(callback: Callable[[], Any]) -> None:
+    """Run ``callback()`` once the pipeline is built (now, if it is)."""
+    with _lock:
+        if _pipeline is None:
+            _on_build.append(callback)
+            return
+    _run_callback(callback)
+
+
+def build_if_due() -> None:
+    """Build a deferred pipeline whose time has come (called by the drainer on every round)."""
+    since = _deferred_since
+    if since is not None and _pipeline is None and (time.monotonic() - since) * 1000 >= DEFER_MAX_MILLIS:
+        get_pipeline()
+
+
+def _build_deferred() -> None:
+    if _deferred_since is not None and _pipeline is None:
+        get_pipeline()
+
+
+def _after_build() -> None:
+    global _deferred_since
+    _deferred_since = None
+    callbacks, _on_build[:] = list(_on_build), []
+    for callback in callbacks:
+        _run_callback(callback)
+
+
+def _run_callback(callback: Callable[[], Any]) -> None:
+    try:
+        callback()
+    except Exception:
+        _logger.debug("callback after the pipeline's set-up failed", exc_info=True)
 
 
 #: Bumped whenever the pipeline is replaced, so adapters re-resolve their cached loggers/meters.
@@ -306,6 +409,7 @@ def flush(timeout_millis: int = 5000) -> bool:
     """Export everything recorded so far (drains the bridge's buffers first); never raises. ``True`` on success."""
     if _fork_pending and not _settle_fork(time.monotonic() + max(0, timeout_millis) / 2000):
         return True  # a forked child that recorded nothing yet
+    _build_deferred()
     current = _pipeline
     return current.flush(timeout_millis) if current is not None else True
 
@@ -455,8 +559,15 @@ if hasattr(os, "register_at_fork"):
 
 def _reset_for_tests() -> None:
     """Forget the pipeline without touching providers (tests install their own)."""
-    global _pipeline, _fork_pending
+    global _pipeline, _fork_pending, _deferred_since
     with _lock:
         _pipeline = None
         _fork_pending = False
         _generation[0] += 1
+        if _deferred_since is not None:
+            for signal in _GLOBALS:
+                module_name, attribute = _GLOBALS[signal]
+                if isinstance(getattr(sys.modules.get(module_name), attribute, None), _BuildOnUse):
+                    setattr(sys.modules[module_name], attribute, None)
+        _deferred_since = None
+        _on_build.clear()

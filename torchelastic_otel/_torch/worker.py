@@ -64,15 +64,16 @@ def _join_agent_trace(patches: Patches) -> None:
     ctx = TraceContextTextMapPropagator().extract(carrier)
     if not trace.get_current_span(ctx).get_span_context().is_valid:
         return
-    tracer = pipeline.get_pipeline().tracer_provider.get_tracer("torchelastic_otel", __version__)
-    start_ns = _process_start_ns()
-    span = tracer.start_span(
-        "torchelastic.worker.start",
-        context=ctx,
-        start_time=start_ns,
-        attributes={f"torchelastic.{k}": str(v) for k, v in _worker_metadata().items() if v is not None},
-    )
-    span.end()
+    start_ns, end_ns = _process_start_ns(), time.time_ns()
+    attributes = {f"torchelastic.{k}": str(v) for k, v in _worker_metadata().items() if v is not None}
+
+    def start_span() -> None:
+        tracer = pipeline.get_pipeline().tracer_provider.get_tracer("torchelastic_otel", __version__)
+        tracer.start_span("torchelastic.worker.start", context=ctx, start_time=start_ns, attributes=attributes).end(
+            end_time=end_ns
+        )
+
+    pipeline.when_built(start_span)  # a worker's pipeline is set up after its start-up (``pipeline.defer``)
     token = otel_context.attach(ctx)
     patches.on_restore(lambda: otel_context.detach(token))
 

@@ -312,7 +312,8 @@ def export_event(event: Event | RdzvEvent) -> None:
     provider) and no recording span.
     """
     try:
-        enabled = not isinstance(_emitter.logger(), NoOpLogger)
+        # While a worker's pipeline set-up is deferred, the record is buffered: its drain sets the pipeline up.
+        enabled = pipeline.setup_pending() or not isinstance(_emitter.logger(), NoOpLogger)
         span = trace.get_current_span()
         recording = span.is_recording()
         if not (enabled or recording):
@@ -350,7 +351,7 @@ class OtelLoggingHandler(logging.Handler):
 
     def __init__(self, level: int = logging.NOTSET) -> None:
         super().__init__(level)
-        pipeline.get_pipeline()  # set the global providers now, before the application starts spans
+        pipeline.prepare()  # the bridge's global providers now, before the application starts spans
 
     def emit(self, record: logging.LogRecord) -> None:  # noqa: D102 - logging.Handler API
         try:
@@ -390,7 +391,7 @@ class OtelEventHandler(EventHandler):
 
     def __init__(self, delegate: EventHandler | None = None) -> None:
         self.delegate = delegate
-        pipeline.get_pipeline()
+        pipeline.prepare()
 
     def record(self, event: Event) -> None:  # noqa: D102 - EventHandler API
         export_event(event)

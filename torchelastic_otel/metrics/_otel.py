@@ -108,11 +108,14 @@ class OtelMetricHandler(MetricHandler):
         self._meter: Any = None
         self._instruments: dict[str, Any] = {}
         self._bound: dict[tuple[str, str], _Bound] = {}
-        # Build the pipeline now (it sets the global providers before the application starts spans) and register
-        # the self-telemetry instruments: their collection callback drains the buffer, so even the first
-        # collection (e.g. a Prometheus scrape before the drainer's first run) sees every value put before it.
-        provider = meter_provider if meter_provider is not None else pipeline.get_pipeline().meter_provider
-        _selftelemetry.instrument(provider)
+        # The bridge's providers become the global ones now, before the application starts spans, and the
+        # self-telemetry instruments are registered (by the pipeline, when it is built): their collection callback
+        # drains the buffer, so even the first collection (e.g. a Prometheus scrape before the drainer's first
+        # run) sees every value put before it.
+        if meter_provider is not None:
+            _selftelemetry.instrument(meter_provider)
+        else:
+            pipeline.prepare()
         _drainer.register(self)
 
     signal = "metrics"
