@@ -175,3 +175,22 @@ os._exit(0)
                      OTEL_LOGS_EXPORTER="none", OTEL_EXPORTER_PROMETHEUS_PORT=str(base))  # fmt: skip
     got = run(code, env)
     assert got["sdk"] is True and got["status"] == 200
+
+
+@pytest.mark.parametrize("record", [False, True], ids=["quiet", "one-event"])
+def test_a_worker_that_exits_at_once_delivers_at_exit(record: bool) -> None:
+    """A normal exit before anything set the pipeline up: it is built before the interpreter shuts down (whose
+    thread pools refuse work by the time ``atexit`` handlers run), so the worker span and the event arrive."""
+    code = FIRST_LINE
+    if record:
+        code += (
+            "from torch.distributed.elastic import events\n"
+            "events.record(events.Event('trainer.done', events.EventSource.WORKER), destination='otel')\n"
+        )
+    code += "print(json.dumps(first_line))\n"
+    with OtlpReceiver() as rx:
+        got = run(code, worker_env(rx))
+        assert got["sdk"] is False
+        assert rx.wait_for(lambda r: worker_start(r) and (not record or r.logs("trainer.done")), timeout=30), (
+            rx.requests
+        )

@@ -357,7 +357,29 @@ def defer() -> bool:
             _replace_global(signal, None, _BuildOnUse(signal))  # only where no provider is set
         _deferred_since = time.monotonic()
         _register_atexit()
+        _build_before_shutdown()
         return True
+
+
+_build_hooked = False
+
+
+def _build_before_shutdown() -> None:
+    """At interpreter exit, thread pools stop taking work before ``atexit`` handlers run (the SDK's
+    ``Resource.create`` needs one) and Python 3.12+ refuses new threads in them (the batch processors start one):
+    a pipeline still deferred then is built earlier, among ``threading``'s own exit hooks, which run
+    last-registered first -- so before the one ``concurrent.futures`` registers when it is imported."""
+    global _build_hooked
+    register = getattr(threading, "_register_atexit", None)
+    if _build_hooked or register is None:
+        return
+    import concurrent.futures.thread  # noqa: F401 - its exit hook is registered before ours
+
+    try:
+        register(_build_deferred)
+        _build_hooked = True
+    except RuntimeError:  # already shutting down
+        pass
 
 
 def setup_pending() -> bool:
