@@ -178,3 +178,20 @@ def test_receiver_restarted_mid_job(protocol: str) -> None:
         assert len(lost) <= QUEUE
         assert len(lost) <= counted, (lost, counts)  # every lost record is counted
         assert result["flushed"] is True
+
+
+def test_a_flush_where_no_thread_can_start_runs_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python 3.12.0-3.12.1 refuse new threads in ``atexit`` handlers ("can't create new thread at interpreter
+    shutdown"), where the exit flush runs: the bounded flush then runs in the caller's thread instead of failing.
+    (The refusal is simulated: this interpreter allows threads there, so ``Thread.start`` is patched to refuse.)"""
+    import threading
+
+    from torchelastic_otel import _exporters
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    ran_in: list[threading.Thread] = []
+    assert _exporters.run_bounded(lambda: ran_in.append(threading.current_thread()) or True, 100) is True
+    assert ran_in == [threading.current_thread()]

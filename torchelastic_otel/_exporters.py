@@ -33,10 +33,15 @@ def run_bounded(
     """``fn()`` in a daemon thread, waited for at most ``timeout_millis``; ``None`` if it did not finish.
 
     ``give_up`` is polled every 20 ms while waiting: when it returns true, stop waiting at once (``None``).
+    Where no thread can be started (``atexit`` handlers of Python 3.12.0-3.12.1), ``fn()`` runs in the caller's
+    thread, bounded only by the exporters' own timeouts: late rather than lost.
     """
     result: list[bool] = []
     thread = threading.Thread(target=lambda: result.append(fn()), name="torchelastic-otel-flush", daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:  # "can't create new thread at interpreter shutdown"
+        return fn()
     deadline = time.monotonic() + max(0, timeout_millis) / 1000
     while True:
         remaining = deadline - time.monotonic()
