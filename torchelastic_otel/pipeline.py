@@ -40,6 +40,7 @@ __all__ = ["Pipeline", "get_pipeline", "setup", "flush", "shutdown", "DEFAULT_SE
 
 _logger = logging.getLogger("torchelastic_otel")
 
+
 def sdk_disabled() -> bool:
     """``OTEL_SDK_DISABLED`` as the specification reads it (case-insensitive ``true``)."""
     return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
