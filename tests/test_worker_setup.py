@@ -122,7 +122,8 @@ events.record(events.Event("trainer.started", events.EventSource.WORKER, metadat
 first_line["sdk_after_record"] = "opentelemetry.sdk.trace" in sys.modules
 """
     with OtlpReceiver() as rx:
-        got, arrived = run_until_received(code, worker_env(rx), rx, lambda r: r.logs("trainer.started") and worker_start(r))
+        arrived_both = lambda r: r.logs("trainer.started") and worker_start(r)  # noqa: E731
+        got, arrived = run_until_received(code, worker_env(rx), rx, arrived_both)
         assert got["sdk"] is False and got["sdk_after_record"] is False  # recording costs the script no set-up
         assert arrived, (rx.requests, got)
         assert rx.logs("trainer.started")[0]["resource"]["torchelastic.rank"] == 1

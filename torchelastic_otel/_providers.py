@@ -72,7 +72,8 @@ def exporter_classes(signal: str) -> dict[str, type]:
 def construct(signal: str, name: str, cls: type) -> Any | None:
     """Instantiate one exporter/reader; a failure is logged and counted instead of losing the whole pipeline.
 
-    Exporters come back wrapped (``_exporters.wrap_exporter``): a failed export is counted as dropped, ``export_failed``.
+    Exporters come back wrapped (``_exporters.wrap_exporter``): a failed export is counted as dropped
+    (``export_failed``).
     """
     try:
         with _prometheus_port_for_this_process(cls):
@@ -184,5 +185,6 @@ def build_logger_provider(resource: Any) -> Any:
     for name, cls in exporter_classes("logs").items():
         exporter = construct("logs", name, cls)
         if exporter is not None:
-            provider.add_log_record_processor(_exporters.counting_batch_processor(BatchLogRecordProcessor, "logs")(exporter))
+            processor = _exporters.counting_batch_processor(BatchLogRecordProcessor, "logs")
+            provider.add_log_record_processor(processor(exporter))
     return provider
