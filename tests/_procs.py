@@ -7,6 +7,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 
 def descendants(root: int) -> list[int]:
@@ -44,3 +47,45 @@ def stop_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
                 os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
+
+
+@dataclass
+class Job:
+    """A started torchrun job: its process, its output file, when it started and what it ended with."""
+
+    proc: subprocess.Popen
+    output_path: Path
+    started: float = field(default_factory=time.monotonic)
+    returncode: int | None = None
+    ended: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def seconds(self) -> float:
+        assert self.ended is not None
+        return self.ended - self.started
+
+    def output(self) -> str:
+        try:
+            return self.output_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def tail(self, n: int = 4000) -> str:
+        return self.output()[-n:]
+
+    def wait(self, timeout: float = 120.0) -> int:
+        try:
+            self.returncode = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"job did not finish within {timeout} s:\n{self.tail()}") from None
+        self.ended = time.monotonic()
+        return self.returncode
+
+    def kill(self) -> None:
+        """Stop the job if it still runs: SIGTERM (the agent stops its workers), then SIGKILL what is left."""
+        stop_tree(self.proc)

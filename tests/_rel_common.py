@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests._procs import stop_tree
+from tests._procs import Job
 from tests.otlp_receiver import OtlpReceiver
 
 __all__ = ["OtlpReceiver"]
@@ -183,42 +183,6 @@ def live_child(scenario: str, env: dict[str, str], *args: str) -> Iterator[LiveC
 
 
 # ---- torchrun jobs --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Job:
-    proc: subprocess.Popen
-    output_path: Path
-    started: float
-    returncode: int | None = None
-    ended: float | None = None
-
-    @property
-    def seconds(self) -> float:
-        assert self.ended is not None
-        return self.ended - self.started
-
-    def output(self) -> str:
-        try:
-            return self.output_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def tail(self, n: int = 4000) -> str:
-        return self.output()[-n:]
-
-    def wait(self, timeout: float = 120.0) -> int:
-        try:
-            self.returncode = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"job did not finish within {timeout} s:\n{self.tail()}") from None
-        self.ended = time.monotonic()
-        return self.returncode
-
-    def kill(self) -> None:
-        """SIGTERM (the agent stops its workers), then SIGKILL whatever is left of the job."""
-        stop_tree(self.proc)
 
 
 class Jobs:

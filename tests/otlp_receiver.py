@@ -36,11 +36,14 @@ import gzip
 import http.server
 import json
 import logging
+import shutil
+import subprocess
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from concurrent import futures
+from pathlib import Path
 from typing import Any, Literal
 
 import grpc
@@ -716,3 +719,21 @@ def _main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(_main())
+
+
+def self_signed_certificate(directory: Path, name: str = "cert") -> tuple[Path, Path]:
+    """A self-signed certificate (its own CA) for 127.0.0.1 and its key, for a TLS receiver; skips the calling
+    test where the ``openssl`` command is missing."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        import pytest
+
+        pytest.skip("openssl CLI not available to make a test certificate")
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:TRUE"],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    return cert, key

@@ -13,7 +13,6 @@ import gzip
 import json
 import os
 import queue
-import shutil
 import signal
 import socket
 import subprocess
@@ -47,9 +46,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 
 try:
-    from tests.otlp_receiver import OtlpReceiver
+    from tests.otlp_receiver import OtlpReceiver, self_signed_certificate
 except ModuleNotFoundError:  # tests/ is not a package in this checkout
-    from otlp_receiver import OtlpReceiver  # type: ignore[no-redef]
+    from otlp_receiver import OtlpReceiver, self_signed_certificate  # type: ignore[no-redef]
 
 RECEIVER_SCRIPT = Path(__file__).with_name("otlp_receiver.py")
 CUMULATIVE = 2  # AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
@@ -338,26 +337,12 @@ def test_wait_for_is_bounded(rx: OtlpReceiver) -> None:
     assert rx.wait_for_spans(1, timeout=0.05) is False
 
 
-def _self_signed_cert(tmp_path: Path) -> tuple[Path, Path]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("openssl CLI not available to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:TRUE"],
-        check=True, capture_output=True, timeout=30,
-    )  # fmt: skip
-    return cert, key
-
-
 def test_tls_grpc_and_https(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # requests lets these env vars override the session's `verify` (i.e. the
     # exporter's certificate_file), so they must not leak into this test.
     monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
     monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-    cert, key = _self_signed_cert(tmp_path)
+    cert, key = self_signed_certificate(tmp_path)
     with OtlpReceiver(tls_cert_file=str(cert), tls_key_file=str(key), tls_http=True) as rx:
         assert rx.grpc_endpoint.startswith("https://") and rx.http_endpoint.startswith("https://")
         grpc_exp = GrpcSpanExporter(

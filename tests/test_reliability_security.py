@@ -14,8 +14,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -27,11 +25,13 @@ try:
     from tests._rel_common import (
         OtlpReceiver, clean_env, closed_endpoint, free_port, live_child, otlp_env, report, run_child,
     )  # fmt: skip
+    from tests.otlp_receiver import self_signed_certificate
 except ModuleNotFoundError:  # tests/ is not a package in this checkout
     from _rel_child import SECRET  # type: ignore[no-redef]
     from _rel_common import (  # type: ignore[no-redef]
         OtlpReceiver, clean_env, closed_endpoint, free_port, live_child, otlp_env, report, run_child,
     )  # fmt: skip
+    from otlp_receiver import self_signed_certificate  # type: ignore[no-redef]
 
 RUN_ID = "real-run-3c1f"
 HEADERS = {"OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer {SECRET}"}
@@ -157,24 +157,10 @@ def test_prometheus_host_defaults_to_127_0_0_1_while_the_reader_starts(monkeypat
 # ---- TLS ------------------------------------------------------------------------------------------------------
 
 
-def _self_signed(directory: Path, name: str) -> tuple[Path, Path]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("openssl CLI not available to make a test certificate")
-    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:TRUE"],
-        check=True, capture_output=True, timeout=30,
-    )  # fmt: skip
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     directory = tmp_path_factory.mktemp("tls")
-    return {"server": _self_signed(directory, "server"), "other": _self_signed(directory, "other")}
+    return {name: self_signed_certificate(directory, name) for name in ("server", "other")}
 
 
 def _tls_env(rx: OtlpReceiver, protocol: str, certificate: Path, **extra: str) -> dict[str, Any]:

@@ -22,13 +22,12 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests._procs import stop_tree
+from tests._procs import Job
 
 try:
     from tests.otlp_receiver import OtlpReceiver
@@ -100,40 +99,6 @@ def c10d_args(run_id: str, port: int | None = None) -> list[str]:
         "--monitor-interval",
         "0.1",
     ]
-
-
-@dataclass
-class Job:
-    """A started job: its process, its output file, and what it ended with."""
-
-    proc: subprocess.Popen
-    output_path: Path
-    returncode: int | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def output(self) -> str:
-        try:
-            return self.output_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def tail(self, n: int = 4000) -> str:
-        return self.output()[-n:]
-
-    def wait(self, timeout: float = JOB_TIMEOUT) -> int:
-        try:
-            self.returncode = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"job did not finish within {timeout} s:\n{self.tail()}")
-        return self.returncode
-
-    def kill(self) -> None:
-        """Stop the job if it still runs: SIGTERM (the agent stops its workers), then SIGKILL what is left."""
-        stop_tree(self.proc)
 
 
 @pytest.fixture
