@@ -10,6 +10,7 @@ the child starts with empty buffers (what was buffered belongs to the parent, wh
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -19,7 +20,7 @@ from typing import Iterator, Protocol
 
 from torchelastic_otel import _selftelemetry, pipeline
 
-__all__ = ["Drainable", "register", "drain_all", "discard_all", "paused", "interval"]
+__all__ = ["Drainable", "Buffer", "register", "drain_all", "discard_all", "paused", "interval"]
 
 
 class Drainable(Protocol):
@@ -35,6 +36,42 @@ class Drainable(Protocol):
         ...
 
     def after_fork_in_child(self) -> None: ...
+
+
+class Buffer:
+    """What the adapters' buffers share: a bounded deque, the count of what did not fit, the lock a drain holds,
+    and what becomes of them at exit and after a fork. Subclasses append on their hot path themselves (inline:
+    ``if len(self._pending) < self.max_pending: append, else self._overflow += 1``) and implement ``drain``,
+    which starts with :meth:`_count_overflow` under ``self._lock``."""
+
+    signal = "all"
+
+    def __init__(self, max_pending: int) -> None:
+        self._pending: collections.deque = collections.deque()
+        self.max_pending = max_pending
+        self._overflow = 0
+        self._lock = threading.RLock()
+
+    def _count_overflow(self) -> None:
+        """Count what the full buffer turned away since the last drain (``buffer_full``)."""
+        overflow, self._overflow = self._overflow, 0
+        if overflow:
+            _selftelemetry.count(_selftelemetry.DROPPED, self.signal, "buffer_full", overflow)
+
+    def discard(self, reason: str) -> int:
+        """Forget what is buffered, counted as dropped with ``reason`` (the process ends before it could go)."""
+        lost = len(self._pending) + self._overflow
+        self._pending.clear()
+        self._overflow = 0
+        if lost:
+            _selftelemetry.count(_selftelemetry.DROPPED, self.signal, reason, lost)
+        return lost
+
+    def after_fork_in_child(self) -> None:
+        """What was buffered before a fork belongs to the parent, which exports it."""
+        self._pending.clear()
+        self._overflow = 0
+        self._lock = threading.RLock()
 
 
 def _interval() -> float:

@@ -94,18 +94,18 @@ def install(
         from torchelastic_otel.events._otel import OtelLoggingHandler
         from torchelastic_otel.metrics._otel import OtelMetricHandler
 
+        in_worker = worker.is_torchrun_worker()
         if tracer_provider is not None or meter_provider is not None or logger_provider is not None:
             pipeline.setup(tracer_provider, meter_provider, logger_provider)
-        elif worker.is_torchrun_worker():
+        elif in_worker:
             pipeline.defer()  # the exporters are set up off the worker's start-up path
         patches = Patches()
         try:
             metric_handler = OtelMetricHandler()
             metrics_bridge.install(patches, metric_handler)
             # A worker does not import torch's agent and rendezvous modules (~150 ms); bridge them only if it did.
-            agent_side = not worker.is_torchrun_worker()
-            events_bridge.install(patches, OtelLoggingHandler(), import_rendezvous=agent_side)
-            if agent_side or _agent_loaded():
+            events_bridge.install(patches, OtelLoggingHandler(), import_rendezvous=not in_worker)
+            if not in_worker or _agent_loaded():
                 from torchelastic_otel._torch import lifecycle
 
                 lifecycle.install(patches, metric_handler.emit)

@@ -319,23 +319,27 @@ _deferred_since: float | None = None
 _on_build: list[Callable[[], Any]] = []
 
 
-class _BuildOnUse:
-    """Stands in for a global provider while the bridge's pipeline is not built yet: the first use (``get_tracer``,
-    ``get_meter``, ``get_logger``...) builds it and goes to the real provider.
-
-    It is put in the API's module global directly, so the API's set-once guard stays unused: an application (or
-    ``opentelemetry-instrument``) that sets its own provider meanwhile replaces it, and the bridge then uses that.
-    """
+class _Placeholder:
+    """Stands in for a global provider of the bridge's until its pipeline is (re)built: the first use
+    (``get_tracer``, ``get_meter``, ``get_logger``...) builds it and goes to the real provider."""
 
     def __init__(self, signal: str) -> None:
         self._signal = signal
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "_signal":
+        if name.startswith("__") or name in ("_signal", "_parent_provider"):
             raise AttributeError(name)
         pipe = get_pipeline()
         provider = {"traces": pipe.tracer_provider, "metrics": pipe.meter_provider, "logs": pipe.logger_provider}
         return getattr(provider[self._signal], name)
+
+
+class _BuildOnUse(_Placeholder):
+    """A placeholder while a deferred pipeline is not built yet (:func:`defer`).
+
+    It is put in the API's module global directly, so the API's set-once guard stays unused: an application (or
+    ``opentelemetry-instrument``) that sets its own provider meanwhile replaces it, and the bridge then uses that.
+    """
 
 
 def _pulls_metrics() -> bool:
@@ -405,7 +409,7 @@ def build_if_due() -> None:
 
 
 def _build_deferred() -> None:
-    if _deferred_since is not None and _pipeline is None:
+    if setup_pending():
         get_pipeline()
 
 
@@ -477,20 +481,13 @@ def _replace_global(signal: str, old: Any, new: Any) -> bool:
     return True
 
 
-class _RebuildOnUse:
-    """Stands in, in a forked child, for a global provider the bridge built: the first use (``get_tracer``,
-    ``get_meter``, ``get_logger``...) rebuilds the bridge's pipeline for the child and goes to the new provider."""
+class _RebuildOnUse(_Placeholder):
+    """A placeholder, in a forked child, for a global provider the bridge built in the parent
+    (``parent_provider``): the first use rebuilds the bridge's pipeline for the child."""
 
     def __init__(self, signal: str, parent_provider: Any) -> None:
-        self._signal = signal
+        super().__init__(signal)
         self._parent_provider = parent_provider
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_signal", "_parent_provider"):
-            raise AttributeError(name)
-        pipe = get_pipeline()
-        provider = {"traces": pipe.tracer_provider, "metrics": pipe.meter_provider, "logs": pipe.logger_provider}
-        return getattr(provider[self._signal], name)
 
 
 def _rebuild_in_child(current: Pipeline) -> Pipeline:

@@ -20,10 +20,8 @@ event never raises.
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
-import threading
 import time
 from enum import Enum
 from typing import Any
@@ -233,7 +231,7 @@ def _snapshot(event: Any) -> Any:
     return copy
 
 
-class _EventBuffer:
+class _EventBuffer(_drainer.Buffer):
     """Events on their way to the SDK's ``Logger.emit``.
 
     The SDK's record construction alone costs about half of torch's whole null ``record``, so the caller only
@@ -245,10 +243,7 @@ class _EventBuffer:
     signal = "logs"
 
     def __init__(self, max_pending: int = DEFAULT_MAX_PENDING) -> None:
-        self.max_pending = max_pending
-        self._pending: collections.deque = collections.deque()
-        self._overflow = 0
-        self._lock = threading.RLock()
+        super().__init__(max_pending)
         _drainer.register(self)
 
     def submit(self, item: tuple) -> None:
@@ -261,9 +256,7 @@ class _EventBuffer:
     def drain(self, deadline: float | None = None) -> int:
         """Convert and emit buffered events, oldest first, until ``deadline`` (``time.monotonic()``) if given."""
         with self._lock:
-            overflow, self._overflow = self._overflow, 0
-            if overflow:
-                _selftelemetry.count(_selftelemetry.DROPPED, "logs", "buffer_full", overflow)
+            self._count_overflow()
             pending = self._pending
             if not pending:
                 return 0
@@ -285,21 +278,6 @@ class _EventBuffer:
                     _selftelemetry.count(_selftelemetry.DROPPED, "logs", "conversion_error")
                     _logger.debug("torchelastic_otel: event dropped: %s", exc, exc_info=True)
             return emitted
-
-    def discard(self, reason: str) -> int:
-        """Forget what is buffered, counted as dropped with ``reason`` (the process ends before it could go)."""
-        lost = len(self._pending) + self._overflow
-        self._pending.clear()
-        self._overflow = 0
-        if lost:
-            _selftelemetry.count(_selftelemetry.DROPPED, "logs", reason, lost)
-        return lost
-
-    def after_fork_in_child(self) -> None:
-        """Events buffered before a fork belong to the parent, which exports them."""
-        self._pending.clear()
-        self._overflow = 0
-        self._lock = threading.RLock()
 
 
 _buffer = _EventBuffer()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import threading
 import time
 from typing import Any, Callable
 
@@ -80,7 +79,7 @@ class _Bound:
         self.kind = _COMBINE.get(binding.kind, _EACH)
 
 
-class OtelMetricHandler(MetricHandler):
+class OtelMetricHandler(_drainer.Buffer, MetricHandler):
     """A ``MetricHandler`` exporting to OpenTelemetry instruments by a rule table.
 
     Args:
@@ -100,10 +99,7 @@ class OtelMetricHandler(MetricHandler):
         self.delegate = delegate
         self.rules = tuple(rules) if rules is not None else DEFAULT_RULES
         self._meter_provider = meter_provider
-        self._pending: collections.deque[MetricData] = collections.deque()
-        self._max_pending = max_pending
-        self._overflow = 0
-        self._drain_lock = threading.RLock()
+        _drainer.Buffer.__init__(self, max_pending)
         self._generation = -1
         self._meter: Any = None
         self._instruments: dict[str, Any] = {}
@@ -120,26 +116,11 @@ class OtelMetricHandler(MetricHandler):
 
     signal = "metrics"
 
-    def discard(self, reason: str) -> int:
-        """Forget what is buffered, counted as dropped with ``reason`` (the process ends before it could go)."""
-        lost = len(self._pending) + self._overflow
-        self._pending.clear()
-        self._overflow = 0
-        if lost:
-            _selftelemetry.count(_selftelemetry.DROPPED, "metrics", reason, lost)
-        return lost
-
-    def after_fork_in_child(self) -> None:
-        """Values buffered before a fork belong to the parent, which exports them."""
-        self._pending.clear()
-        self._overflow = 0
-        self._drain_lock = threading.RLock()
-
     # -- hot path ------------------------------------------------------------------------------------------------
     def emit(self, metric_data: MetricData) -> None:
         """Buffer one value (O(1), no lock, no SDK call)."""
         pending = self._pending
-        if len(pending) < self._max_pending:
+        if len(pending) < self.max_pending:
             pending.append(metric_data)
         else:
             self._overflow += 1
@@ -156,10 +137,8 @@ class OtelMetricHandler(MetricHandler):
         What an exporter or a scrape sees is the same (a cumulative sum, the last value); histograms still get
         every value.
         """
-        with self._drain_lock:
-            overflow, self._overflow = self._overflow, 0
-            if overflow:
-                _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "buffer_full", overflow)
+        with self._lock:
+            self._count_overflow()
             pending = self._pending
             if not pending:
                 return 0
