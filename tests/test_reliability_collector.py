@@ -186,12 +186,12 @@ def test_a_flush_where_no_thread_can_start_runs_inline(monkeypatch: pytest.Monke
     (The refusal is simulated: this interpreter allows threads there, so ``Thread.start`` is patched to refuse.)"""
     import threading
 
-    from torchelastic_otel import _exporters
+    from torchelastic_otel import _bounded
 
     def refuse(self: threading.Thread) -> None:
         raise RuntimeError("can't create new thread at interpreter shutdown")
 
     monkeypatch.setattr(threading.Thread, "start", refuse)
     ran_in: list[threading.Thread] = []
-    assert _exporters.run_bounded(lambda: ran_in.append(threading.current_thread()) or True, 100) is True
+    assert _bounded.run_bounded(lambda: ran_in.append(threading.current_thread()) or True, 100) is True
     assert ran_in == [threading.current_thread()]

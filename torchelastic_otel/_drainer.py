@@ -18,7 +18,7 @@ import time
 import weakref
 from typing import Iterator, Protocol
 
-from torchelastic_otel import _selftelemetry, pipeline
+from torchelastic_otel import _deferred, _selftelemetry
 
 __all__ = ["Drainable", "Buffer", "register", "drain_all", "discard_all", "paused", "interval"]
 
@@ -112,7 +112,7 @@ def _run() -> None:
             wait(interval)
         behind = False
         try:
-            pipeline.build_if_due()
+            _deferred.build_if_due()
         except Exception:  # pragma: no cover - get_pipeline never raises; the drainer must never die
             pass
         if not _paused:
@@ -183,19 +183,21 @@ def _drain_before_collect() -> None:
     drain_all(time.monotonic() + 0.2, signal="logs")
 
 
-def _after_fork_in_child() -> None:
+def after_fork_in_child() -> None:
+    """What was buffered before the fork is the parent's; the drainer thread did not survive the fork
+    (:func:`restart` starts the child's, once the rest of the bridge is the child's: ``_runtime``)."""
     global _lock, _thread, _drain_lock
     _lock = threading.Lock()
     _drain_lock = threading.RLock()
     _thread = None
     for buffer in list(_buffers):
         buffer.after_fork_in_child()
+
+
+def restart() -> None:
+    """Start the drainer thread again if there is anything to drain."""
     if len(_buffers):
         _start()
 
 
-pipeline.add_flush_hook(drain_all)
-pipeline.add_exit_hook(discard_all)
 _selftelemetry.add_before_collect(_drain_before_collect)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any
 
-from torchelastic_otel import pipeline
+from torchelastic_otel import _deferred, pipeline
 
 __all__ = ["install", "uninstall", "is_installed", "BOOTSTRAP_DIR", "AUTO_INSTALL_ENV"]
 
@@ -98,7 +98,7 @@ def install(
         if tracer_provider is not None or meter_provider is not None or logger_provider is not None:
             pipeline.setup(tracer_provider, meter_provider, logger_provider)
         elif in_worker:
-            pipeline.defer()  # the exporters are set up off the worker's start-up path
+            _deferred.defer()  # the exporters are set up off the worker's start-up path
         patches = Patches()
         try:
             metric_handler = OtelMetricHandler()

@@ -4,6 +4,11 @@ Exporter names and the OTLP protocol per signal, sampler and id generator come f
 ``opentelemetry.sdk._configuration``; the resource from ``Resource.create`` plus torchrun's environment. One exporter
 that cannot be loaded or started is skipped (logged, counted), never the whole pipeline. Each worker of a node gets
 its own Prometheus port.
+
+The providers are the SDK's, made to return in time (``_Bounded``): a user's own ``force_flush()`` or
+``shutdown()`` through the plain OpenTelemetry API on a global provider the bridge built returns within
+``TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS`` when the collector is down, and what a shutdown could not deliver is
+counted (``shutdown_timeout``). An application's own providers are never touched.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from torchelastic_otel import _exporters, _selftelemetry
+from torchelastic_otel import _bounded, _config, _counting, _health, _selftelemetry
 
 _logger = logging.getLogger("torchelastic_otel")
 
@@ -72,12 +77,12 @@ def exporter_classes(signal: str) -> dict[str, type]:
 def construct(signal: str, name: str, cls: type) -> Any | None:
     """Instantiate one exporter/reader; a failure is logged and counted instead of losing the whole pipeline.
 
-    Exporters come back wrapped (``_exporters.wrap_exporter``): a failed export is counted as dropped
+    Exporters come back wrapped (``_counting.wrap_exporter``): a failed export is counted as dropped
     (``export_failed``).
     """
     try:
         with _prometheus_port_for_this_process(cls):
-            return _exporters.wrap_exporter(signal, cls())
+            return _counting.wrap_exporter(signal, cls())
     except Exception as exc:
         _selftelemetry.count(_selftelemetry.DROPPED, signal, f"exporter_unavailable:{name}")
         _logger.warning("torchelastic_otel: %s exporter %r could not start: %s", signal, name, exc)
@@ -148,7 +153,7 @@ def build_tracer_provider(resource: Any) -> Any:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    provider = TracerProvider(
+    provider = _bounded_class(TracerProvider, "traces")(
         shutdown_on_exit=False,  # the bridge's exit handler shuts it down, within a time bound
         resource=resource,
         sampler=_or_default("OTEL_TRACES_SAMPLER", lambda: _import_sampler(_get_sampler())),
@@ -157,7 +162,9 @@ def build_tracer_provider(resource: Any) -> Any:
     for name, cls in exporter_classes("traces").items():
         exporter = construct("traces", name, cls)
         if exporter is not None:
-            provider.add_span_processor(_exporters.counting_batch_processor(BatchSpanProcessor, "traces")(exporter))
+            processor = _counting.counting_batch_processor(BatchSpanProcessor, "traces")(exporter)
+            provider.add_span_processor(processor)
+            provider._torchelastic_processors.append(processor)
     return provider
 
 
@@ -174,17 +181,91 @@ def build_meter_provider(resource: Any, pull: bool = True) -> Any:
         if made is None:
             continue
         readers.append(made if isinstance(made, MetricReader) else PeriodicExportingMetricReader(made))
-    return MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+    provider = _bounded_class(MeterProvider, "metrics")(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+    provider._torchelastic_readers = readers
+    return provider
 
 
 def build_logger_provider(resource: Any) -> Any:
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
-    provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
+    provider = _bounded_class(LoggerProvider, "logs")(resource=resource, shutdown_on_exit=False)
     for name, cls in exporter_classes("logs").items():
         exporter = construct("logs", name, cls)
         if exporter is not None:
-            processor = _exporters.counting_batch_processor(BatchLogRecordProcessor, "logs")
-            provider.add_log_record_processor(processor(exporter))
+            processor = _counting.counting_batch_processor(BatchLogRecordProcessor, "logs")(exporter)
+            provider.add_log_record_processor(processor)
+            provider._torchelastic_processors.append(processor)
     return provider
+
+
+class _Bounded:
+    """Mixed into the SDK's provider classes for the providers the bridge builds: ``force_flush`` and ``shutdown``
+    return in time (``_bounded.bounded_flush``) whoever calls them -- the bridge's exit paths or user code through
+    the plain API -- and a shutdown counts what it leaves undelivered."""
+
+    _torchelastic_signal = "all"
+    _torchelastic_flush_default = 30_000
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._torchelastic_processors: list[Any] = []
+        self._torchelastic_readers: list[Any] = []
+
+    def force_flush(self, timeout_millis: Any = None) -> bool:
+        return _bounded.bounded_flush(
+            self.force_flush_unbounded, _bounded.user_timeout(timeout_millis, self._torchelastic_flush_default)
+        )
+
+    def force_flush_unbounded(self) -> bool:
+        """The SDK's own ``force_flush`` (in the caller's thread, for as long as the exporters take)."""
+        return super().force_flush() is not False  # type: ignore[misc]
+
+    def shutdown(self, *args: Any, **kwargs: Any) -> Any:
+        """Flush (bounded), then the SDK's shutdown, within the exit bound once the backend is down; what the
+        batch queues and the exports in flight still held then is counted as dropped (``shutdown_timeout``)."""
+        self.force_flush()
+        timeout = _config.DOWN_WAIT_MILLIS if _bounded.backend_down() else _config.EXIT_TIMEOUT_MILLIS
+        done = _bounded.run_bounded(lambda: super(_Bounded, self).shutdown(*args, **kwargs) or True, timeout)
+        if done is None:
+            lost = sum(_counting.pending(p) for p in self._torchelastic_processors)
+            lost += _health.health.in_flight().get(self._torchelastic_signal, 0)
+            if lost:
+                _selftelemetry.count(_selftelemetry.DROPPED, self._torchelastic_signal, "shutdown_timeout", lost)
+        return None
+
+
+class _BoundedMeterProvider(_Bounded):
+    _torchelastic_flush_default = 10_000
+
+    def force_flush_unbounded(self) -> bool:
+        """Collect and export the push readers only: collecting a pull reader (Prometheus) out of turn queues a
+        snapshot that its next scrape serves first, with every metric family twice (opentelemetry-python#2500);
+        a scrape drains the bridge's buffers itself."""
+        ok = True
+        for reader in self._torchelastic_readers:
+            if _is_pull_reader(reader):
+                continue
+            try:
+                ok = reader.force_flush() is not False and ok
+            except Exception:
+                ok = False
+                _logger.debug("force_flush of %s failed", type(reader).__name__, exc_info=True)
+        return ok
+
+
+def _is_pull_reader(reader: Any) -> bool:
+    return any(cls.__name__ == "PrometheusMetricReader" for cls in type(reader).__mro__)
+
+
+_bounded_classes: dict[str, type] = {}
+
+
+def _bounded_class(base: type, signal: str) -> type:
+    cls = _bounded_classes.get(signal)
+    if cls is None:
+        mixin = _BoundedMeterProvider if signal == "metrics" else _Bounded
+        cls = type(f"Bounded{base.__name__}", (mixin, base), {"_torchelastic_signal": signal, "__module__": __name__})
+        _bounded_classes[signal] = cls
+    return cls

@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 
-__all__ = ["count", "snapshot", "DROPPED", "SANITIZED"]
+__all__ = ["count", "snapshot", "DROPPED", "SANITIZED", "FALLBACK"]
 
 _logger = logging.getLogger("torchelastic_otel")
 
 DROPPED = "dropped"
 SANITIZED = "sanitized"
+#: A private internal of CPython, OpenTelemetry or torch that was missing, and the fallback used (``_compat``).
+FALLBACK = "fallbacks"
 
 _lock = threading.Lock()
 _counts: dict[tuple[str, str, str], int] = {}
@@ -47,17 +49,11 @@ def total(kind: str, signal: str | None = None, reason: str | None = None) -> in
     )
 
 
-def _reset_after_fork() -> None:
+def after_fork_in_child() -> None:
     """A forked child starts with its own counts: the parent's are the parent's to export."""
     global _lock
     _lock = threading.Lock()
     _counts.clear()
-
-
-import os as _os  # noqa: E402
-
-if hasattr(_os, "register_at_fork"):
-    _os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 # ---- export of the counters as OpenTelemetry instruments -----------------------------------------------------
@@ -109,6 +105,12 @@ def instrument(meter_provider) -> None:  # type: ignore[no-untyped-def]
             callbacks=[_observe(SANITIZED)],
             unit="{item}",
             description="Values the bridge had to alter to make them valid, by signal and reason",
+        )
+        meter.create_observable_counter(
+            "torchelastic_otel.fallbacks",
+            callbacks=[_observe(FALLBACK)],
+            unit="{fallback}",
+            description="Internals of Python, OpenTelemetry or torch the bridge found changed, and used a fallback for",
         )
     except Exception:
         _logger.debug("could not register self-telemetry instruments", exc_info=True)

@@ -6,8 +6,10 @@ carries the run, role and ranks (``torchelastic_otel.resource``). Here:
 - the agent's ``TRACEPARENT`` (the attempt span) becomes the current context, so the worker's spans and logs are
   children of the agent's span for that attempt; a short ``torchelastic.worker.start`` span marks the worker in
   the trace even if it records nothing itself;
-- SIGTERM (how the agent stops workers) flushes before the process ends: torch's agent sends SIGTERM and the
-  default action skips ``atexit``;
+- SIGTERM (how the agent stops workers) exports a ``torchelastic.worker.terminated`` record with the Python stack
+  of every thread and flushes before the process ends -- also when the rank is blocked in native code (a
+  collective, ``init_process_group``), where a Python handler would not run before the agent's SIGKILL
+  (``_signals``); the process then dies of SIGTERM as it would without the bridge;
 - an uncaught exception is exported as a ``torchelastic.worker.exception`` event (ERROR, with the traceback) and
   flushed at once: after gloo use the interpreter may abort at exit before ``atexit`` would run.
 """
@@ -27,7 +29,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from torchelastic_otel import pipeline
+from torchelastic_otel import _deferred, _runtime, _signals, _stacks, pipeline
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.events import _otel as event_adapter
 from torchelastic_otel.events.api import Event, EventSource
@@ -73,7 +75,7 @@ def _join_agent_trace(patches: Patches) -> None:
             end_time=end_ns
         )
 
-    pipeline.when_built(start_span)  # a worker's pipeline is set up after its start-up (``pipeline.defer``)
+    _deferred.when_built(start_span)  # a worker's pipeline is set up after its start-up (``_deferred``)
     token = otel_context.attach(ctx)
     patches.on_restore(lambda: otel_context.detach(token))
 
@@ -99,29 +101,29 @@ def _export_and_flush(name: str, metadata: dict[str, Any]) -> None:
     pipeline.flush(timeout_millis=FLUSH_TIMEOUT_MILLIS)
 
 
+def _terminated_record(signum: int, stacks: _stacks.Stacks) -> None:
+    """Where the rank was when it was stopped: every thread's stack, main thread first, and the line of the user's
+    code the main thread was in (``code.*``: for a rank blocked in ``all_reduce``, the line that called it)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = str(signum)
+    metadata = {**_worker_metadata(), "state": "TERMINATED", "signal": name}
+    if stacks.text:
+        metadata.update(stack=stacks.text, stack_threads=stacks.threads)
+    frame = stacks.user_frame
+    code = {}
+    if frame is not None:
+        code = {"code.file.path": frame.path, "code.line.number": frame.line, "code.function.name": frame.function}
+    event_adapter.export_event(Event("torchelastic.worker.terminated", EventSource.WORKER, metadata=metadata), code)
+
+
 def _install_sigterm(patches: Patches) -> None:
-    if threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is signal.SIG_IGN:
-        return
-
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        try:
-            _export_and_flush("torchelastic.worker.terminated", {"state": "TERMINATED", "signal": "SIGTERM"})
-        finally:
-            if callable(previous):
-                previous(signum, frame)
-            else:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    patches.on_restore(
-        lambda: signal.signal(signal.SIGTERM, previous)
-        if signal.getsignal(signal.SIGTERM) is on_sigterm and threading.current_thread() is threading.main_thread()
-        else None
-    )
+    """The terminated record and a flush on SIGTERM, then death by SIGTERM (``_runtime.on_signal``)."""
+    _runtime.add_signal_hook(_terminated_record)
+    patches.on_restore(lambda: _runtime.remove_signal_hook(_terminated_record))
+    if _runtime.handle_sigterm():
+        patches.on_restore(_signals.uninstall)
 
 
 def _install_excepthook(patches: Patches) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 from opentelemetry import context, trace
 from opentelemetry._logs import NoOpLogger, SeverityNumber
 
-from torchelastic_otel import _attributes, _drainer, _selftelemetry, pipeline
+from torchelastic_otel import _attributes, _deferred, _drainer, _selftelemetry, pipeline
 from torchelastic_otel.events.api import Event, EventHandler, RdzvEvent
 from torchelastic_otel.version import __version__
 
@@ -283,23 +283,28 @@ class _EventBuffer(_drainer.Buffer):
 _buffer = _EventBuffer()
 
 
-def export_event(event: Event | RdzvEvent) -> None:
+def export_event(event: Event | RdzvEvent, extra_attributes: dict[str, Any] | None = None) -> None:
     """Export ``event`` as a log record (buffered) and as a span event on the current recording span (now).
+
+    ``extra_attributes`` (valid attribute values) are added as they are, outside the ``torchelastic.`` namespace:
+    semantic-convention attributes the bridge sets itself (``code.*``).
 
     Never raises. Nothing is done when nobody can receive it: a no-op logger (``OTEL_SDK_DISABLED``, a no-op
     provider) and no recording span.
     """
     try:
         # While a worker's pipeline set-up is deferred, the record is buffered: its drain sets the pipeline up.
-        enabled = pipeline.setup_pending() or not isinstance(_emitter.logger(), NoOpLogger)
+        enabled = _deferred.setup_pending() or not isinstance(_emitter.logger(), NoOpLogger)
         span = trace.get_current_span()
         recording = span.is_recording()
         if not (enabled or recording):
             return
         now = time.time_ns()
         fields = None
-        if recording:
+        if recording or extra_attributes:
             fields = to_log_fields(event, now)
+            fields["attributes"].update(extra_attributes or {})
+        if recording:
             span.add_event(fields["event_name"], fields["attributes"], fields["timestamp"])
         if enabled:
             _buffer.submit((_snapshot(event) if fields is None else None, fields, now, context.get_current()))

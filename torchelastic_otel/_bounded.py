@@ -1,0 +1,91 @@
+"""Flushes and shutdowns that return in time, whatever the backend does.
+
+The SDK's ``force_flush`` and ``shutdown`` export in the calling thread and ignore their timeouts while the OTLP
+exporter retries an unreachable collector (up to 10 s per call). So they run in a helper thread that the caller
+waits for, bounded (:func:`run_bounded`), and give up early once the exports are stuck (``_health``). Once a flush
+timed out, later ones wait at most ``DOWN_WAIT_MILLIS``: a dying job is not held up once per signal and exit path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torchelastic_otel import _health, _selftelemetry
+from torchelastic_otel._config import DOWN_WAIT_MILLIS, EXIT_TIMEOUT_MILLIS
+
+__all__ = ["run_bounded", "bounded_flush", "backend_down"]
+
+
+def run_bounded(
+    fn: Callable[[], bool], timeout_millis: int, give_up: Callable[[], bool] | None = None
+) -> bool | None:
+    """``fn()`` in a daemon thread, waited for at most ``timeout_millis``; ``None`` if it did not finish.
+
+    ``give_up`` is polled every 20 ms while waiting: when it returns true, stop waiting at once (``None``).
+    Where no thread can be started (``atexit`` handlers of Python 3.12.0-3.12.1), ``fn()`` runs in the caller's
+    thread, bounded only by the exporters' own timeouts: late rather than lost.
+    """
+    result: list[bool] = []
+    thread = threading.Thread(target=lambda: result.append(fn()), name="torchelastic-otel-flush", daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # "can't create new thread at interpreter shutdown"
+        return fn()
+    deadline = time.monotonic() + max(0, timeout_millis) / 1000
+    while True:
+        remaining = deadline - time.monotonic()
+        thread.join(max(0.0, min(remaining, 0.02 if give_up is not None else remaining)))
+        if not thread.is_alive() or remaining <= 0:
+            break
+        if give_up is not None and give_up():
+            break
+    return result[0] if result else None
+
+
+_down = [False]
+
+
+def backend_down() -> bool:
+    """The last bounded flush timed out or failed, or the exporters say the backend is unreachable."""
+    return _down[0] or _health.health.down()
+
+
+def bounded_flush(flush: Callable[[], bool], timeout_millis: int) -> bool:
+    """``flush()`` bounded: ``timeout_millis`` while the backend answers; at most ``DOWN_WAIT_MILLIS`` once it is
+    known to be down; given up as soon as the exports in flight are stuck. ``False`` if it timed out (counted as
+    ``flush_timeout``) or an export failed meanwhile. Never raises."""
+    if backend_down():
+        timeout_millis = min(timeout_millis, DOWN_WAIT_MILLIS)
+    health = _health.health
+    failures = health.failures
+    ok = run_bounded(lambda: _quietly(flush), max(0, timeout_millis), give_up=health.stuck)
+    if ok is None:
+        _down[0] = True
+        _selftelemetry.count(_selftelemetry.DROPPED, "all", "flush_timeout")
+        return False
+    ok = ok and health.failures == failures  # the SDK's force_flush says True even when the export failed
+    _down[0] = not ok
+    return ok
+
+
+def _quietly(fn: Callable[[], Any]) -> bool:
+    try:
+        return fn() is not False
+    except Exception:
+        return False
+
+
+def user_timeout(timeout_millis: Any, default: int) -> int:
+    """The timeout a caller of the plain API passed, capped at the exit bound once the backend is down."""
+    try:
+        value = int(timeout_millis) if timeout_millis is not None else default
+    except (TypeError, ValueError):
+        value = default
+    return min(value, EXIT_TIMEOUT_MILLIS) if backend_down() else value
+
+
+def after_fork_in_child() -> None:
+    _down[0] = False

@@ -1,0 +1,166 @@
+"""Every use of a private (underscore) or platform-specific internal of CPython, OpenTelemetry or torch.
+
+A release of any of them may change these. Each function here has a fallback that keeps the job running and is
+counted (``torchelastic_otel.fallbacks`` ``{reason}``, logged once), never a silent downgrade; each is pinned by a
+test in ``tests/test_compat.py`` that fails when a release changes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from types import FrameType
+from typing import Any
+
+from torchelastic_otel import _selftelemetry
+
+_logger = logging.getLogger("torchelastic_otel")
+
+
+def _fallback(reason: str, detail: object = "") -> None:
+    _selftelemetry.count(_selftelemetry.FALLBACK, "all", reason)
+    if _selftelemetry.total(_selftelemetry.FALLBACK, reason=reason) == 1:
+        _logger.warning("torchelastic_otel: %s unavailable (%s); using a fallback", reason, detail)
+
+
+# ---- CPython -----------------------------------------------------------------------------------------------------
+
+
+def thread_frames() -> dict[int, FrameType]:
+    """The current frame of every thread (``sys._current_frames``, CPython); ``{}`` where there is none."""
+    current_frames = getattr(sys, "_current_frames", None)
+    if current_frames is None:
+        _fallback("sys._current_frames", "not in this Python")
+        return {}
+    try:
+        return dict(current_frames())
+    except Exception as exc:
+        _fallback("sys._current_frames", exc)
+        return {}
+
+
+_libc_signal: Any = None
+
+
+def default_disposition(signum: int) -> bool:
+    """Set ``signum``'s disposition to the default action from any thread (``signal.signal`` only works in the main
+    thread): libc's ``signal(signum, SIG_DFL)`` through ctypes. CPython keeps its own table of Python handlers, which
+    the kernel never reads, so this only changes what the kernel does with the next ``signum``. ``False`` if it
+    could not be done (no ctypes or libc here): the caller then ends the process another way."""
+    global _libc_signal
+    try:
+        if _libc_signal is None:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            function = libc.signal
+            function.restype = ctypes.c_void_p
+            function.argtypes = [ctypes.c_int, ctypes.c_void_p]
+            _libc_signal = function
+        sig_err = (1 << (8 * _pointer_size())) - 1  # SIG_ERR is (void *) -1
+        return _libc_signal(signum, None) != sig_err
+    except Exception as exc:
+        _fallback("libc.signal", exc)
+        return False
+
+
+def _pointer_size() -> int:
+    import ctypes
+
+    return ctypes.sizeof(ctypes.c_void_p)
+
+
+def exit_as_if_signalled(signum: int) -> None:
+    """The fallback of a death by ``signum``: the shell's convention for it, ``128 + signum``."""
+    _fallback("death_by_signal", f"exit status {128 + signum} instead of signal {signum}")
+    os._exit(128 + signum)
+
+
+# ---- OpenTelemetry SDK ---------------------------------------------------------------------------------------------
+
+
+class BatchQueue:
+    """What an SDK batch processor's queue holds (``length``), its capacity and whether it is shut down."""
+
+    __slots__ = ("length", "limit", "shut_down")
+
+    def __init__(self, length: int, limit: int, shut_down: bool) -> None:
+        self.length, self.limit, self.shut_down = length, limit, shut_down
+
+
+def batch_queue(processor: Any) -> BatchQueue | None:
+    """The queue of ``BatchSpanProcessor`` / ``BatchLogRecordProcessor`` (SDK >= 1.31: an internal
+    ``_batch_processor`` with ``_queue``, ``_max_queue_size``, ``_shutdown``); ``None`` (counted) if the layout is
+    not that: the processor then logs and drops by itself, uncounted by the bridge."""
+    batch = getattr(processor, "_batch_processor", None)
+    queue = getattr(batch, "_queue", None)
+    limit = getattr(batch, "_max_queue_size", None)
+    if queue is None or not isinstance(limit, int):
+        _fallback("BatchProcessor._queue", type(processor).__name__)
+        return None
+    return BatchQueue(len(queue), limit, getattr(batch, "_shutdown", False) is True)
+
+
+# ---- OpenTelemetry API -------------------------------------------------------------------------------------------
+
+#: Where the API keeps each global provider (set once per process through ``set_*_provider``).
+_GLOBAL_PROVIDERS = {
+    "traces": ("opentelemetry.trace", "_TRACER_PROVIDER"),
+    "metrics": ("opentelemetry.metrics._internal", "_METER_PROVIDER"),
+    "logs": ("opentelemetry._logs._internal", "_LOGGER_PROVIDER"),
+}
+
+
+def global_provider(signal: str) -> Any:
+    """The global provider of ``signal`` as the API holds it (``None``: none set), without creating a proxy."""
+    module_name, attribute = _GLOBAL_PROVIDERS[signal]
+    module = sys.modules.get(module_name)
+    if module is None or not hasattr(module, attribute):
+        _fallback(f"{module_name}.{attribute}", "not found")
+        return None
+    return getattr(module, attribute)
+
+
+def replace_global_provider(signal: str, old: Any, new: Any) -> bool:
+    """Make ``new`` the global provider of ``signal`` where ``old`` is (``None``: where none is set).
+
+    The API sets a global provider once per process and a forked child inherits its parent's; the bridge replaces
+    only the placeholders and providers of its own, in the API's module globals. ``False`` (counted) if they are
+    not there: the bridge then sets up at once instead of deferring, and a forked child goes on with what it
+    inherited.
+    """
+    module_name, attribute = _GLOBAL_PROVIDERS[signal]
+    module = sys.modules.get(module_name)
+    if module is None or not hasattr(module, attribute):
+        _fallback(f"{module_name}.{attribute}", "not found")
+        return False
+    if getattr(module, attribute) is not old:
+        return False
+    setattr(module, attribute, new)
+    return True
+
+
+def is_proxy_provider(provider: Any) -> bool:
+    """The API's stand-in while no global provider is set (``ProxyTracerProvider`` and its kin)."""
+    from opentelemetry.trace import ProxyTracerProvider
+
+    if isinstance(provider, ProxyTracerProvider):
+        return True
+    try:
+        from opentelemetry.metrics._internal import _ProxyMeterProvider
+        from opentelemetry._logs._internal import ProxyLoggerProvider
+    except ImportError as exc:  # moved in a release: fall back to the class names
+        _fallback("opentelemetry proxy provider classes", exc)
+        return type(provider).__name__.startswith(("Proxy", "_Proxy"))
+    return isinstance(provider, (_ProxyMeterProvider, ProxyLoggerProvider))
+
+
+def metric_readers(meter_provider: Any) -> list[Any] | None:
+    """The readers of an SDK ``MeterProvider`` that the bridge did not build (``_sdk_config.metric_readers``);
+    ``None`` if it is not one, or their place changed (then the provider's own ``force_flush`` is used)."""
+    config = getattr(meter_provider, "_sdk_config", None)
+    readers = getattr(config, "metric_readers", None)
+    if readers is None:
+        readers = getattr(meter_provider, "_metric_readers", None)
+    return list(readers) if readers is not None else None

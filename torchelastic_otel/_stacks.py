@@ -1,0 +1,100 @@
+"""Where every thread of a process was: the evidence users ask for when a hung rank is stopped (pytorch#122694).
+
+When torch's agent stops a rank, that rank is almost always blocked somewhere -- in a collective, in
+``init_process_group``, in a data loader. Its Python stacks at that moment say where, and the innermost frame of
+the main thread in the user's own code says which line of the training script it was (the line that called
+``all_reduce``, not torch's ``work.wait()``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+import traceback
+from dataclasses import dataclass
+from types import FrameType
+
+from torchelastic_otel import _compat
+
+#: Size bound of the text of all stacks (the attribute limit of the event mapping); the main thread comes first.
+MAX_CHARS = 8192
+#: Innermost frames kept per thread.
+MAX_FRAMES = 48
+#: The bridge's own threads (drainer, flush helpers, signal watcher): not where the job was.
+_OWN_THREAD_PREFIX = "torchelastic-otel"
+
+
+@dataclass(frozen=True)
+class UserFrame:
+    """The innermost frame of the main thread in the user's code."""
+
+    path: str
+    line: int
+    function: str
+
+
+@dataclass(frozen=True)
+class Stacks:
+    text: str
+    threads: int
+    user_frame: UserFrame | None
+
+
+def capture(main_frame: FrameType | None = None) -> Stacks:
+    """The stacks of every thread, main thread first. ``main_frame``: the main thread's frame when the caller runs
+    in the main thread itself (a signal handler gets the interrupted frame; its own frame is not of interest)."""
+    frames = _compat.thread_frames()
+    main = threading.main_thread().ident
+    if main_frame is not None and main is not None:
+        frames[main] = main_frame
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    me = threading.get_ident()
+    order = sorted(frames, key=lambda ident: (ident != main, names.get(ident, "~")))
+    parts: list[str] = []
+    shown = 0
+    for ident in order:
+        name = names.get(ident, "?")
+        if ident == me and ident != main or name.startswith(_OWN_THREAD_PREFIX):
+            continue
+        entries = traceback.extract_stack(frames[ident], limit=MAX_FRAMES)
+        parts.append(f'Thread {ident} "{name}" (most recent call last):\n' + "".join(traceback.format_list(entries)))
+        shown += 1
+    text = "".join(parts)
+    if len(text) > MAX_CHARS:
+        text = text[: MAX_CHARS - 24] + "\n... (stacks truncated)\n"
+    frame = frames.get(main) if main is not None else None
+    return Stacks(text=text, threads=shown, user_frame=user_frame(frame))
+
+
+def user_frame(frame: FrameType | None) -> UserFrame | None:
+    """The innermost frame outside torch, OpenTelemetry, the bridge and the standard library."""
+    packages, stdlib = _library_roots()
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith("<") and not _in_library(os.path.abspath(path), packages, stdlib):
+            return UserFrame(path, frame.f_lineno or 0, frame.f_code.co_name)
+        frame = frame.f_back
+    return None
+
+
+def _in_library(path: str, packages: tuple[str, ...], stdlib: tuple[str, ...]) -> bool:
+    if path.startswith(packages):
+        return True
+    # Installed packages live below the standard library's directory (``lib/python3.X/site-packages``): theirs is
+    # the user's code (a training library), not the standard library.
+    return path.startswith(stdlib) and f"{os.sep}site-packages{os.sep}" not in path and (
+        f"{os.sep}dist-packages{os.sep}" not in path
+    )
+
+
+def _library_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    packages = set()
+    for name in ("torch", "torchelastic_otel", "opentelemetry"):
+        module = sys.modules.get(name)
+        for entry in getattr(module, "__path__", None) or ():
+            packages.add(os.path.abspath(entry) + os.sep)
+    paths = sysconfig.get_paths()
+    stdlib = {os.path.abspath(paths[key]) + os.sep for key in ("stdlib", "platstdlib") if paths.get(key)}
+    return tuple(packages), tuple(stdlib)
