@@ -1,7 +1,8 @@
 """Job-level benchmark: what the bridge costs a real torchrun job, end to end.
 
-``.venv/bin/python bench/bench_job.py [--runs 4] [--starts 10]``. A report, not a test: it exits 0 and prints a
-table with PASS/FAIL per target, in ~11 minutes on a 2-core machine.
+``.venv/bin/python bench/bench_job.py [--scenario all|steady|fail-once] [--runs 4] [--starts 10] [--rounds 3]``.
+A report, not a test: it exits 0 and prints PASS/FAIL (MISS) per target; ``all`` (the default) runs the steady
+scenarios (1. and 2., ~11 minutes on a 2-core machine), then the fail-once job (3., ~1-2 minutes).
 
 1. Job wall time. The same 2-worker job -- ``examples/train_ddp.py --hard-exit``, ``--standalone``, gloo on CPU,
    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` -- run with plain ``torchrun`` and with ``torchelastic-otel run``
@@ -21,6 +22,16 @@ table with PASS/FAIL per target, in ~11 minutes on a 2-core machine.
    medians of alternating starts. Installing the bridge imports ``torch.distributed.elastic``, which a torch
    worker script imports first anyway; so the target (<= 150 ms extra) applies to the first line after the
    imports of ``examples/train_ddp.py``, and the bare ``python -c`` figure is printed for information.
+3. A job that fails once (``--scenario fail-once``, ``--rounds``): 2 workers, ``--standalone --max-restarts 1``,
+   ``bench/_failonce_worker.py`` (bridge-unaware: torch's ``put_metric`` and ``events.record(..., "otel")`` only).
+   In the first attempt rank 1 exits 1 before ``init_process_group``, so the agent SIGTERMs rank 0 while it is
+   blocked in gloo's ``init_process_group`` (native code); the second attempt does a few all-reduce steps and exits
+   0. Three kinds, alternating (plain, bridged, down, plain, ...): ``plain`` is ``python -m torch.distributed.run``
+   (with the "otel" shim above), ``bridged`` is ``python -m torchelastic_otel.run`` exporting OTLP/gRPC to an
+   ``OtlpReceiver`` on 127.0.0.1, ``down`` the same with ``OTEL_EXPORTER_OTLP_ENDPOINT`` on a free 127.0.0.1 port
+   nobody listens on. Medians; targets: bridged - plain <= 1.5 s, down - bridged <= 1.0 s. A worker that does not
+   die of the SIGTERM costs torch's 30 s grace period, after which the agent logs "forcefully exiting via 9": those
+   lines are counted per run. Each job is stopped (its whole process tree) after 120 s.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ import argparse
 import datetime
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -40,6 +52,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tests._procs import stop_tree  # noqa: E402
 from tests.otlp_receiver import OtlpReceiver  # noqa: E402
 from torchelastic_otel._install import BOOTSTRAP_DIR  # noqa: E402
 
@@ -100,8 +113,7 @@ def run_job(cmd: list[str | Path], env: dict[str, str], log: Path) -> float:
         try:
             code = proc.wait(timeout=JOB_TIMEOUT)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+            stop_tree(proc)  # the workers too: torch starts them in their own sessions
             raise RuntimeError(f"job did not finish within {JOB_TIMEOUT} s: see {log}") from None
         seconds = time.monotonic() - started
     if code != 0:
@@ -160,28 +172,28 @@ def run_jobs(
     return times
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=4, help="runs of each kind (alternating), per job length")
-    parser.add_argument("--long-steps", type=int, default=1000, help="training steps of the long job")
-    parser.add_argument("--starts", type=int, default=10, help="worker start-ups of each kind (alternating)")
-    args = parser.parse_args()
-    began = time.monotonic()
+def plain_torch_env(tmp: str) -> dict[str, str]:
+    """Plain torchrun's environment, with a sitecustomize that gives torch a silent "otel" event destination.
 
-    print("torchelastic_otel job benchmark")
-    print(f"  date:    {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
-    print(f"  machine: {os.cpu_count()} CPUs, {platform.machine()}, {platform.system()} {platform.release()}")
+    Why: the benchmark's workers record to "otel"; plain torch must accept that name to run the same script.
+    """
+    shim = Path(tmp) / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(OTEL_SHIM)
+    env = base_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def steady(args: argparse.Namespace) -> None:
+    """Scenarios 1 and 2: job wall time (short and long job) and worker start-up."""
     print(f"  job:     2 workers, examples/train_ddp.py --hard-exit: {SHORT_STEPS} steps, and {args.long_steps} steps "
           f"{' '.join(LONG_MODEL)}; {args.runs} runs of each, alternating")  # fmt: skip
     print(flush=True)
 
     starts: dict[str, list[float]] = {"bare": [], "bare+bridge": [], "torch": [], "torch+bridge": []}
     with tempfile.TemporaryDirectory(prefix="bench_job_") as tmp, OtlpReceiver() as rx:
-        shim = Path(tmp) / "shim"
-        shim.mkdir()
-        (shim / "sitecustomize.py").write_text(OTEL_SHIM)
-        plain_env = base_env()
-        plain_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), plain_env.get("PYTHONPATH", "")) if p)
+        plain_env = plain_torch_env(tmp)
         envs = {"torchrun": plain_env, "torchelastic-otel run": {**base_env(), **otel_env(rx)}}
         short = run_jobs(SHORT_STEPS, args.runs, tmp, envs)
         long = run_jobs(args.long_steps, args.runs, tmp, envs, *LONG_MODEL)
@@ -238,8 +250,133 @@ def main() -> int:
     if fixed > 0:
         print(f"  so a job of this kind stays within 1.03x once it runs longer than {fixed / 0.03:.0f} s")
     print(f"  start-up extra per worker: {extra_torch:+.0f} ms (train_ddp.py), {extra_bare:+.0f} ms (bare python -c)")
+
+
+FAILONCE_WORKER = REPO / "bench" / "_failonce_worker.py"
+FAILONCE_ARGS = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1"]
+FAILONCE_TIMEOUT = 120.0
+FAILONCE_KINDS = ("plain", "bridged", "down")
+#: torch's agent, when a worker outlives its SIGTERM grace period: "... forcefully exiting via 9" (SIGKILL)
+FORCED_EXIT = "forcefully exiting via"
+FAILONCE_TARGETS = {"bridged - plain": 1.5, "down - bridged": 1.0}  # seconds, medians
+
+
+@dataclass
+class JobRun:
+    kind: str
+    seconds: float
+    returncode: int | None  # None: timed out and killed
+    forced: int  # agent lines "forcefully exiting via 9"
+    delivered: str = "-"  # bridged runs: what reached the receiver
+
+
+def free_port() -> int:
+    """A 127.0.0.1 port nobody listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def delivered(rx: OtlpReceiver) -> str:
+    """Which workers' "started" events (one per rank and attempt) reached the receiver, e.g. ``a0r0 a0r1 a1r0``."""
+
+    def field(attributes: dict, suffix: str) -> object:
+        return next((v for k, v in attributes.items() if k.endswith(suffix)), "?")
+
+    who = sorted(f"a{field(r['attributes'], 'attempt')}r{field(r['attributes'], 'rank')}"
+                 for r in rx.logs("bench.failonce.started"))  # fmt: skip
+    return f"'started' events received: {' '.join(who) or 'none'} (of a0r0 a0r1 a1r0 a1r1); {len(rx.logs())} logs"
+
+
+def run_failonce_job(cmd: list[str | Path], env: dict[str, str], log: Path) -> tuple[float, int | None, str]:
+    """Wall time, exit code (None: killed after FAILONCE_TIMEOUT) and output of one job; never leaves it running."""
+    with open(log, "wb") as out:
+        started = time.monotonic()
+        proc = subprocess.Popen([str(c) for c in cmd], env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)  # fmt: skip
+        try:
+            code: int | None = proc.wait(timeout=FAILONCE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            seconds = time.monotonic() - started
+            stop_tree(proc)  # timed out or interrupted: the agent and its workers (in their own sessions)
+    return seconds, code, log.read_text(errors="replace")
+
+
+def fail_once(rounds: int) -> None:
+    """Scenario 3: a job whose first attempt fails while a worker is blocked in gloo's init_process_group."""
+    print(f"  fail-once job: 2 workers, bench/_failonce_worker.py, {' '.join(FAILONCE_ARGS)};")
+    print(f"    {', '.join(FAILONCE_KINDS)} alternating, {rounds} rounds; {FAILONCE_TIMEOUT:.0f} s limit a job")
+    print(flush=True)
+    runs: list[JobRun] = []
+    with tempfile.TemporaryDirectory(prefix="bench_failonce_") as tmp, OtlpReceiver() as rx:
+        plain_env = plain_torch_env(tmp)
+        down_endpoint = f"http://127.0.0.1:{free_port()}"
+        envs = {
+            "plain": plain_env,
+            "bridged": {**base_env(), **otel_env(rx)},
+            "down": {**base_env(), **otel_env(rx), "OTEL_EXPORTER_OTLP_ENDPOINT": down_endpoint},
+        }
+        for round_ in range(rounds):
+            for kind in FAILONCE_KINDS:
+                launcher = "torch.distributed.run" if kind == "plain" else "torchelastic_otel.run"
+                cmd = [sys.executable, "-m", launcher, *FAILONCE_ARGS, FAILONCE_WORKER]
+                rx.clear()
+                log = Path(tmp) / f"failonce-{round_}-{kind}.log"
+                seconds, code, output = run_failonce_job(cmd, envs[kind], log)
+                run = JobRun(kind, seconds, code, output.count(FORCED_EXIT))
+                if kind == "bridged":
+                    run.delivered = delivered(rx)
+                runs.append(run)
+                status = "exit 0" if code == 0 else ("TIMED OUT, killed" if code is None else f"EXIT {code}")
+                extra = "" if run.delivered == "-" else f"; {run.delivered}"
+                print(f"  fail-once  round {round_ + 1}/{rounds}  {kind:<8} {seconds:6.2f} s  {status}; "
+                      f"'{FORCED_EXIT} 9' lines: {run.forced}{extra}", flush=True)  # fmt: skip
+                if code != 0:  # keep the whole output; show its end
+                    kept = Path(tempfile.gettempdir()) / f"bench_failonce_{os.getpid()}_{log.name}"
+                    kept.write_text(output)
+                    tail = output.strip().splitlines()[-12:]
+                    print(f"    output kept in {kept}; it ends with:\n" + "\n".join(f"      {line}" for line in tail),
+                          flush=True)  # fmt: skip
+
+    times = {kind: [r.seconds for r in runs if r.kind == kind] for kind in FAILONCE_KINDS}
+    med = {kind: statistics.median(values) for kind, values in times.items()}
+    print()
+    for kind in FAILONCE_KINDS:
+        forced = [r.forced for r in runs if r.kind == kind]
+        failed = sum(r.returncode != 0 for r in runs if r.kind == kind)
+        not_ok = f"  NOT OK: {failed} run(s)" if failed else ""
+        print(f"  fail-once {kind:<8} median {med[kind]:6.2f} s  runs (s) {[round(v, 2) for v in times[kind]]}  "
+              f"'{FORCED_EXIT} 9' lines per run: {forced}{not_ok}")  # fmt: skip
+    print()
+    diffs = (med["bridged"] - med["plain"], med["down"] - med["bridged"])
+    for (name, target), diff in zip(FAILONCE_TARGETS.items(), diffs):
+        print(f"  {name} = {diff:.2f} s (target <= {target} s)  {'PASS' if diff <= target else 'MISS  <<<<<'}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=["all", "steady", "fail-once"], default="all",
+                        help="steady: 1. and 2.; fail-once: 3.; all: all three")  # fmt: skip
+    parser.add_argument("--runs", type=int, default=4, help="runs of each kind (alternating), per job length")
+    parser.add_argument("--long-steps", type=int, default=1000, help="training steps of the long job")
+    parser.add_argument("--starts", type=int, default=10, help="worker start-ups of each kind (alternating)")
+    parser.add_argument("--rounds", type=int, default=3, help="fail-once job: rounds of plain, bridged, down")
+    args = parser.parse_args()
+    began = time.monotonic()
+
+    print("torchelastic_otel job benchmark")
+    print(f"  date:    {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}")
+    print(f"  machine: {os.cpu_count()} CPUs, {platform.machine()}, {platform.system()} {platform.release()}")
+    if args.scenario in ("all", "steady"):
+        steady(args)
+    if args.scenario in ("all", "fail-once"):
+        if args.scenario == "all":
+            print()
+        fail_once(args.rounds)
     print(f"  total time {time.monotonic() - began:.1f} s")
-    return 0  # a report: a missed target is printed as FAIL, not an error
+    return 0  # a report: a missed target is printed as FAIL / MISS, not an error
 
 
 if __name__ == "__main__":

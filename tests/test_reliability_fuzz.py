@@ -51,7 +51,7 @@ import torch.distributed.elastic.metrics as torch_metrics  # noqa: E402
 
 INSTRUMENT_NAME = re.compile(r"[a-zA-Z][-_./a-zA-Z0-9]{0,254}")
 INT64 = (-(2**63), 2**63 - 1)
-SELF_TELEMETRY = {"torchelastic_otel.dropped", "torchelastic_otel.sanitized"}
+SELF_TELEMETRY = {"torchelastic_otel.dropped", "torchelastic_otel.sanitized", "torchelastic_otel.fallbacks"}
 #: Drop reasons that do not drop a record: attribute_limit drops one attribute of a record that is exported;
 #: not_serializable drops the copy for a non-OTel handler on the destination's logger (the record is exported).
 NOT_RECORD_DROPS = {"attribute_limit", "not_serializable"}

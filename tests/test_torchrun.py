@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -754,7 +755,16 @@ def _worker_state() -> dict[str, Any]:
     return {
         "sys.excepthook": sys.excepthook,
         "SIGTERM handler": signal.getsignal(signal.SIGTERM),
+        "wakeup fd": _wakeup_fd(),
+        "threads": sorted(t.name for t in threading.enumerate() if t.name.startswith("torchelastic-otel-sigterm")),
     }
+
+
+def _wakeup_fd() -> str:
+    """The signal wakeup fd (read by setting it back at once), as a string so ``_same`` compares it by value."""
+    current = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(current)
+    return str(current)
 
 
 def _same(a: Any, b: Any) -> bool:
