@@ -121,3 +121,147 @@ def test_metric_readers_of_an_sdk_meter_provider() -> None:
     reader = InMemoryMetricReader()
     assert _compat.metric_readers(MeterProvider(metric_readers=[reader])) == [reader]
     assert _compat.metric_readers(object()) is None
+
+
+def test_metric_readers_fallback_is_counted_for_an_sdk_provider_without_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    provider = MeterProvider()
+    monkeypatch.setattr(provider, "_sdk_config", None)
+    monkeypatch.setattr(provider, "_metric_readers", None)
+    before = _selftelemetry.total(_selftelemetry.FALLBACK, reason="MeterProvider._metric_readers")
+    assert _compat.metric_readers(provider) is None
+    assert _selftelemetry.total(_selftelemetry.FALLBACK, reason="MeterProvider._metric_readers") == before + 1
+
+
+# ---- torch ----------------------------------------------------------------------------------------------------------
+
+
+def test_torch_event_destinations_is_the_table_torch_reads() -> None:
+    """What the bridge adds to the table is what torch's public ``get_logging_handler`` returns."""
+    pytest.importorskip("torch")
+    import logging
+
+    import torch.distributed.elastic.events as torch_events
+
+    table = _compat.torch_event_destinations()
+    assert table is not None and {"console", "null", "dynamic_rendezvous"} <= set(table)
+    marker = logging.NullHandler()
+    table["compat-test"] = marker
+    try:
+        assert torch_events.get_logging_handler("compat-test") is marker
+    finally:
+        del table["compat-test"]
+
+
+def test_torch_event_logger_is_where_torch_record_writes() -> None:
+    pytest.importorskip("torch")
+    import logging
+
+    import torch.distributed.elastic.events as torch_events
+
+    seen: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    before = _selftelemetry.total(_selftelemetry.FALLBACK)
+    logger = _compat.torch_event_logger("null")
+    capture = Capture()
+    logger.addHandler(capture)
+    try:
+        torch_events.record(torch_events.Event("compat.event", torch_events.EventSource.WORKER), destination="null")
+    finally:
+        logger.removeHandler(capture)
+    assert len(seen) == 1 and '"compat.event"' in seen[0]
+    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before
+
+
+def _local_agent(max_restarts: int):  # type: ignore[no-untyped-def]
+    """A real LocalElasticAgent (not started: no rendezvous, no workers), as torchrun builds one."""
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+
+    rdzv = StaticTCPRendezvous("127.0.0.1", 1, 0, 1, "compat-run", 5)
+    spec = WorkerSpec(role="trainer", local_world_size=1, rdzv_handler=rdzv, entrypoint="true",
+                      max_restarts=max_restarts)  # fmt: skip
+    return LocalElasticAgent(spec, logs_specs=DefaultLogsSpecs()), spec
+
+
+def test_agent_spec_and_remaining_restarts_of_a_real_agent() -> None:
+    pytest.importorskip("torch")
+    agent, spec = _local_agent(max_restarts=3)
+    before = _selftelemetry.total(_selftelemetry.FALLBACK)
+    assert _compat.agent_spec(agent) is spec
+    assert _compat.agent_remaining_restarts(agent) == 3
+    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before
+    assert _compat.agent_spec(object()) is None and _compat.agent_remaining_restarts(object()) is None
+    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before + 2
+
+
+def test_every_agent_method_the_bridge_wraps_is_defined_by_torch() -> None:
+    pytest.importorskip("torch")
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    from torchelastic_otel._torch import lifecycle
+    from torchelastic_otel._torch.patches import Patches
+
+    patches = Patches()
+    before = _selftelemetry.total(_selftelemetry.FALLBACK)
+    lifecycle.install(patches, lambda data: None)
+    try:
+        wrapped = [(cls.__name__, name) for cls in (SimpleElasticAgent, LocalElasticAgent)
+                   for name, value in vars(cls).items() if getattr(value, "__torchelastic_otel__", False)]  # fmt: skip
+        assert len(wrapped) == 8, wrapped
+        assert _selftelemetry.total(_selftelemetry.FALLBACK) == before
+    finally:
+        patches.restore()
+    assert _compat.agent_method(LocalElasticAgent, "_no_such_method") is None
+    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before + 1
+
+
+# ---- OpenTelemetry OTLP exporters -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_an_otlp_exporters_retry_warning_is_recognised(protocol: str) -> None:
+    """A real OTLP exporter against a 127.0.0.1 port nobody listens on logs its retry warning, which the bridge
+    must recognise (or it tells a down backend only by the slower stall timer)."""
+    import logging
+    import socket
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{port}", insecure=True, timeout=2)
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=2)
+    records: list[logging.LogRecord] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    capture = Capture(logging.DEBUG)
+    root = logging.getLogger("opentelemetry")
+    root.addHandler(capture)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        provider.get_tracer("compat").start_span("retried").end()
+    finally:
+        root.removeHandler(capture)
+        provider.shutdown()
+    assert any(_compat.is_export_retry_log(r) for r in records), [r.getMessage() for r in records]

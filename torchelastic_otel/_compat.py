@@ -77,6 +77,67 @@ def exit_as_if_signalled(signum: int) -> None:
     os._exit(128 + signum)
 
 
+# ---- torch ---------------------------------------------------------------------------------------------------------
+
+
+def torch_event_destinations() -> dict[str, Any] | None:
+    """torch's table of event destinations (``events.handlers._log_handlers``): the bridge adds "otel" to it, so
+    that ``torchrun --event-log-handler otel`` and ``record(event, "otel")`` work, and joins every other
+    destination. ``None`` (counted) if the table moved: torch's events then reach only the destinations torch has.
+    """
+    try:
+        import torch.distributed.elastic.events.handlers as handlers
+
+        table = handlers._log_handlers
+    except (ImportError, AttributeError) as exc:
+        _fallback("torch events.handlers._log_handlers", exc)
+        return None
+    if not isinstance(table, dict):
+        _fallback("torch events.handlers._log_handlers", f"a {type(table).__name__}, not a dict")
+        return None
+    return table
+
+
+def torch_event_logger(destination: str) -> logging.Logger:
+    """The logger torch's ``events.record`` writes ``destination``'s events to (``events._get_or_create_logger``).
+    Fallback (counted): the logger of that name, ``torchelastic-events-<destination>``, as torch 2.x names it."""
+    try:
+        import torch.distributed.elastic.events as events
+
+        return events._get_or_create_logger(destination)
+    except AttributeError as exc:
+        _fallback("torch events._get_or_create_logger", exc)
+        return logging.getLogger(f"torchelastic-events-{destination}")
+
+
+def agent_method(cls: type, name: str) -> Any:
+    """The function ``cls`` itself defines as ``name`` (one of the agent's ``_``-methods the bridge wraps into
+    spans); ``None`` (counted) if a torch release renamed or removed it: that span is then missing."""
+    function = cls.__dict__.get(name)
+    if function is None:
+        _fallback(f"torch {cls.__name__}.{name}", "not defined")
+    return function
+
+
+def agent_spec(agent: Any) -> Any:
+    """The ``WorkerSpec`` of a ``SimpleElasticAgent`` (``agent._worker_group.spec``); ``None`` (counted) if not
+    there: the run's attributes (role, max restarts, local world size, entrypoint) are then missing."""
+    spec = getattr(getattr(agent, "_worker_group", None), "spec", None)
+    if spec is None:
+        _fallback("torch SimpleElasticAgent._worker_group.spec", type(agent).__name__)
+    return spec
+
+
+def agent_remaining_restarts(agent: Any) -> int | None:
+    """``agent._remaining_restarts`` (torch keeps no public count); ``None`` (counted) if not there: the restart
+    count on spans and records is then missing."""
+    remaining = getattr(agent, "_remaining_restarts", None)
+    if not isinstance(remaining, int):
+        _fallback("torch SimpleElasticAgent._remaining_restarts", type(agent).__name__)
+        return None
+    return remaining
+
+
 # ---- OpenTelemetry SDK ---------------------------------------------------------------------------------------------
 
 
@@ -100,6 +161,20 @@ def batch_queue(processor: Any) -> BatchQueue | None:
         _fallback("BatchProcessor._queue", type(processor).__name__)
         return None
     return BatchQueue(len(queue), limit, getattr(batch, "_shutdown", False) is True)
+
+
+# ---- OpenTelemetry OTLP exporters ----------------------------------------------------------------------------------
+
+#: How the OTLP exporters (gRPC and HTTP) start the warning they log before they wait to retry an export.
+_RETRY_LOG_PREFIX = "Transient error"
+
+
+def is_export_retry_log(record: logging.LogRecord) -> bool:
+    """Whether an OTLP exporter's log record says an export failed and will be retried after a back-off (the
+    exporters expose no hook for it). If a release rewords it, retries are not noticed and the bridge tells a
+    down backend by the export stall timer instead (``TORCHELASTIC_OTEL_EXPORT_STALL_MILLIS``)."""
+    message = record.msg
+    return isinstance(message, str) and message.startswith(_RETRY_LOG_PREFIX)
 
 
 # ---- OpenTelemetry API -------------------------------------------------------------------------------------------
@@ -157,10 +232,12 @@ def is_proxy_provider(provider: Any) -> bool:
 
 
 def metric_readers(meter_provider: Any) -> list[Any] | None:
-    """The readers of an SDK ``MeterProvider`` that the bridge did not build (``_sdk_config.metric_readers``);
-    ``None`` if it is not one, or their place changed (then the provider's own ``force_flush`` is used)."""
-    config = getattr(meter_provider, "_sdk_config", None)
-    readers = getattr(config, "metric_readers", None)
+    """The readers of an SDK ``MeterProvider`` that the bridge did not build (``_metric_readers``; older SDKs:
+    ``_sdk_config.metric_readers``); ``None`` if it is not one, or their place changed (counted: the provider's
+    own ``force_flush`` is then used, which also collects pull readers such as Prometheus')."""
+    readers = getattr(meter_provider, "_metric_readers", None)
     if readers is None:
-        readers = getattr(meter_provider, "_metric_readers", None)
+        readers = getattr(getattr(meter_provider, "_sdk_config", None), "metric_readers", None)
+    if readers is None and type(meter_provider).__module__.startswith("opentelemetry.sdk"):
+        _fallback("MeterProvider._metric_readers", type(meter_provider).__name__)
     return list(readers) if readers is not None else None

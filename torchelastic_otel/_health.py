@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+from torchelastic_otel import _compat
 from torchelastic_otel._config import env_millis
 
 #: An export in flight for longer than this means the backend is unreachable (or too slow to wait for at exit).
@@ -82,8 +83,7 @@ class _RetryWatch(logging.Filter):
     first attempt of an export failed, and the exporter now waits before the next one."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.msg
-        if isinstance(msg, str) and msg.startswith("Transient error"):
+        if _compat.is_export_retry_log(record):
             health.retrying()
         return True
 

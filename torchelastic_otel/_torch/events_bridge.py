@@ -15,6 +15,7 @@ import logging
 import sys
 from typing import Any
 
+from torchelastic_otel import _compat
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.events import _make_rdzv_event
 from torchelastic_otel.events import _otel as event_adapter
@@ -48,7 +49,7 @@ def _rdzv_recorder(handler: logging.Handler):  # type: ignore[no-untyped-def]
             event_adapter.export_event(event)
             user_handler = torch_events.get_logging_handler("dynamic_rendezvous")
             if user_handler is not handler and not isinstance(user_handler, logging.NullHandler):
-                torch_events._get_or_create_logger("dynamic_rendezvous").info(event.serialize())
+                _compat.torch_event_logger("dynamic_rendezvous").info(event.serialize())
         except Exception:  # a rendezvous must never fail because of telemetry
             from torchelastic_otel import _selftelemetry
 
@@ -66,14 +67,13 @@ def install(patches: Patches, handler: logging.Handler, *, import_rendezvous: bo
     records through the bridge, as it takes ``construct_and_record_rdzv_event`` from torch's (patched) events
     module.
     """
-    import torch.distributed.elastic.events as torch_events
-    import torch.distributed.elastic.events.handlers as torch_handlers
-
-    patches.set(torch_handlers._log_handlers, "otel", handler)
-    for destination in list(torch_handlers._log_handlers):
+    destinations = _compat.torch_event_destinations()
+    if destinations is not None:
+        patches.set(destinations, "otel", handler)
+    for destination in list(destinations or ()):
         if destination in ("otel", "dynamic_rendezvous"):
             continue
-        logger = torch_events._get_or_create_logger(destination)
+        logger = _compat.torch_event_logger(destination)
         if handler not in logger.handlers:
             logger.addHandler(handler)
             patches.on_restore(lambda logger=logger: logger.removeHandler(handler))

@@ -33,7 +33,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from torchelastic_otel import _selftelemetry, pipeline
+from torchelastic_otel import _compat, _selftelemetry, pipeline
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.events import _otel as event_adapter
 from torchelastic_otel.events.api import Event, EventSource
@@ -82,13 +82,22 @@ def _state(agent: Any) -> _AgentState:
 
 
 def _spec(agent: Any) -> Any:
-    return agent._worker_group.spec
+    return _compat.agent_spec(agent)
+
+
+def _remaining_restarts(agent: Any) -> int:
+    """Restarts left (0 where torch no longer says: counted by ``_compat``)."""
+    return _compat.agent_remaining_restarts(agent) or 0
 
 
 def _restart_count(agent: Any) -> int:
+    """This attempt's restart number: ``max_restarts`` minus the restarts left (0 where either is unknown)."""
+    spec, remaining = _spec(agent), _compat.agent_remaining_restarts(agent)
+    if spec is None or remaining is None:
+        return 0
     try:
-        return int(_spec(agent).max_restarts - agent._remaining_restarts)
-    except Exception:
+        return int(spec.max_restarts - remaining)
+    except (TypeError, ValueError):
         return 0
 
 
@@ -271,7 +280,7 @@ def _observe_monitor(agent: Any, worker_group: Any, result: Any) -> None:
             "torchelastic.state": name,
             "torchelastic.failed_ranks": ranks,
             "torchelastic.restart_count": _restart_count(agent),
-            "torchelastic.remaining_restarts": int(getattr(agent, "_remaining_restarts", 0)),
+            "torchelastic.remaining_restarts": _remaining_restarts(agent),
         },
     )
     with trace.use_span(span, end_on_exit=True):
@@ -324,7 +333,7 @@ def _wrap_restart(orig: Callable[..., Any], metric_emit: Callable[[MetricData], 
         attributes = {
             "torchelastic.restart_count": restart_count,
             "torchelastic.restart.reason": reason,
-            "torchelastic.remaining_restarts": int(getattr(self, "_remaining_restarts", 0)),
+            "torchelastic.remaining_restarts": _remaining_restarts(self),
         }
         with _tracer().start_as_current_span("torchelastic.restart", attributes=attributes):
             _safe(
@@ -364,7 +373,7 @@ def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     def wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        original = cls.__dict__.get(name)
+        original = _compat.agent_method(cls, name)
         if original is None or getattr(original, "__torchelastic_otel__", False):
             return
         wrapped = make(original)

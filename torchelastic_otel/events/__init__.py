@@ -34,6 +34,10 @@ from torchelastic_otel.events.api import (  # noqa: F401
     NodeState,
     NullEventHandler,
     RdzvEvent,
+    _legacy_default,
+    _legacy_handlers,
+    configure,
+    record_event,
 )
 from torchelastic_otel.events.handlers import get_logging_handler
 
@@ -223,27 +227,3 @@ def _fqdn() -> str:
     if not _fqdn_cache:
         _fqdn_cache.append(socket.getfqdn())
     return _fqdn_cache[0]
-
-
-# ---- legacy torchelastic.events API -------------------------------------------------------------------------
-
-_legacy_handlers: dict[str, EventHandler] = {}
-_legacy_default: list[EventHandler] = [NullEventHandler()]
-
-
-def configure(handler: EventHandler, event_type: str = "") -> None:
-    """Send events of ``event_type`` to ``handler``; an empty type sets the handler for every other type."""
-    if event_type:
-        _legacy_handlers[event_type] = handler
-    else:
-        _legacy_default[0] = handler
-
-
-def record_event(event: Event) -> None:
-    """Hand ``event`` to the handler configured for its type. A failing handler is counted, never raised."""
-    handler = _legacy_handlers.get(getattr(event, "type", DEFAULT_EVENT_TYPE), _legacy_default[0])
-    try:
-        handler.record(event)
-    except Exception as exc:
-        _selftelemetry.count(_selftelemetry.DROPPED, "logs", "handler_error")
-        logging.getLogger("torchelastic_otel").debug("event handler failed: %s", exc, exc_info=True)

@@ -3,14 +3,16 @@
 The classes mirror torch's field for field so that ``serialize()`` of an event built the torch way produces the
 same JSON as torch's, and JSON written by either side deserializes on the other. On top of that, :class:`Event`
 also accepts the legacy ``torchelastic.events`` constructor (``Event(name, type="...", metadata=..., timestamp=...)``)
-so code written against either API works after a prefix change. The legacy handler interface lives here as well,
-as it did in ``torchelastic.events.api``.
+so code written against either API works after a prefix change. The legacy API lives here as well, as it did in
+``torchelastic.events.api``: the handler interface, ``configure``, ``record_event`` and ``record`` (the same function
+as ``torchelastic_otel.events.record``, which also takes torch's signature).
 """
 
 from __future__ import annotations
 
 import abc
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Union
@@ -24,6 +26,9 @@ __all__ = [
     "EventHandler",
     "ConsoleEventHandler",
     "NullEventHandler",
+    "configure",
+    "record",
+    "record_event",
 ]
 
 EventMetadataValue = Union[str, int, float, bool, None]
@@ -200,3 +205,39 @@ class NullEventHandler(EventHandler):
 
     def record(self, event: Event) -> None:
         return None
+
+
+# ---- legacy torchelastic.events API -------------------------------------------------------------------------
+
+_legacy_handlers: dict[str, EventHandler] = {}
+_legacy_default: list[EventHandler] = [NullEventHandler()]
+
+
+def configure(handler: EventHandler, event_type: str = "") -> None:
+    """Send events of ``event_type`` to ``handler``; an empty type sets the handler for every other type."""
+    if event_type:
+        _legacy_handlers[event_type] = handler
+    else:
+        _legacy_default[0] = handler
+
+
+def record_event(event: Event) -> None:
+    """Hand ``event`` to the handler configured for its type. A failing handler is counted, never raised."""
+    handler = _legacy_handlers.get(getattr(event, "type", DEFAULT_EVENT_TYPE), _legacy_default[0])
+    try:
+        handler.record(event)
+    except Exception as exc:
+        from torchelastic_otel import _selftelemetry
+
+        _selftelemetry.count(_selftelemetry.DROPPED, "logs", "handler_error")
+        logging.getLogger("torchelastic_otel").debug("event handler failed: %s", exc, exc_info=True)
+
+
+def __getattr__(name: str) -> Any:
+    """``record`` is the package's function (it needs torch's destinations, defined there); resolved on first use
+    so that ``from torchelastic_otel.events.api import record`` gets that very function."""
+    if name == "record":
+        from torchelastic_otel.events import record
+
+        return record
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

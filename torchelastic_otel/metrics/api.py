@@ -2,7 +2,9 @@
 
 Same classes, signatures and results as torch's; the default handler discards. Configure
 :class:`~torchelastic_otel.metrics.OtelMetricHandler` for a group (or as the default) to export to OpenTelemetry.
-``put_metric`` skips torch's per-call ``MetricStream`` allocation; ``getStream`` still returns one.
+``put_metric`` skips torch's per-call ``MetricStream`` allocation while ``getStream`` and
+``MetricStream.add_value`` are this module's own; once either is replaced (torch's tests patch
+``metrics.api.getStream``; a user may wrap it), every value goes through the replacement, as in torch.
 """
 
 from __future__ import annotations
@@ -116,6 +118,10 @@ def getStream(group: str):
     return MetricStream(group, handler)
 
 
+_own_get_stream = getStream
+_own_add_value = MetricStream.add_value
+
+
 def _get_metric_name(fn):
     """``Class.method`` for methods, ``module_leaf.function`` for functions (torch's naming for ``@prof``)."""
     qualname = fn.__qualname__
@@ -217,9 +223,21 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
      put_metric("metric_name", 1)
      put_metric("metric_name", 1, "metric_group_name")
     """
+    if getStream is not _own_get_stream or MetricStream.add_value is not _own_add_value:
+        _put_through_stream(metric_name, metric_value, metric_group)
+        return
     handler = _metrics_map.get(metric_group, _default_metrics_handler)
     try:
         handler.emit(_new_tuple(MetricData, (time.time(), metric_group, metric_name, metric_value)))
+    except Exception as exc:
+        _handler_failed(exc)
+
+
+def _put_through_stream(metric_name: str, metric_value: int, metric_group: str) -> None:
+    """torch's own path, ``getStream(group).add_value(name, value)``: taken when either was replaced, so that a
+    patch or wrapper sees every value (``@prof`` included); a replacement that raises is counted, never raised."""
+    try:
+        getStream(metric_group).add_value(metric_name, metric_value)
     except Exception as exc:
         _handler_failed(exc)
 
