@@ -34,7 +34,9 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCod
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from torchelastic_otel import _compat, _selftelemetry, pipeline
+from torchelastic_otel._torch import root_cause
 from torchelastic_otel._torch.patches import Patches
+from torchelastic_otel.events import _fqdn
 from torchelastic_otel.events import _otel as event_adapter
 from torchelastic_otel.events.api import Event, EventSource
 from torchelastic_otel.metrics.api import MetricData
@@ -64,9 +66,10 @@ def run_parent_context(run_id: str) -> otel_context.Context | None:
 class _AgentState:
     """Per-agent tracing state (kept on the agent instance)."""
 
-    __slots__ = ("attempt", "last_state", "failure_seen", "run_attributes")
+    __slots__ = ("run", "attempt", "last_state", "failure_seen", "run_attributes")
 
     def __init__(self) -> None:
+        self.run: trace.Span | None = None
         self.attempt: trace.Span | None = None
         self.last_state = ""
         self.failure_seen = False
@@ -145,6 +148,7 @@ def _wrap_run(orig: Callable[..., Any], metric_emit: Callable[[MetricData], None
         state.run_attributes = attributes
         parent = _safe(run_parent_context, attributes.get("torchelastic.run_id", ""))
         span = _tracer().start_span("torchelastic.run", context=parent, attributes=attributes)
+        state.run = span
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
             result = orig(self, *args, **kwargs)
@@ -301,9 +305,48 @@ def _observe_monitor(agent: Any, worker_group: Any, result: Any) -> None:
                     "restart_count": _restart_count(agent),
                 },
             )
+        _safe(_report_root_cause, agent, state, worker_group, failures)
         span.set_status(Status(StatusCode.ERROR, f"{name}: ranks {ranks}"))
     if parent is not None:
         parent.set_status(Status(StatusCode.ERROR, f"worker group {name.lower()}"))
+
+
+def _report_root_cause(agent: Any, state: _AgentState, worker_group: Any, failures: dict[int, Any]) -> None:
+    """The attempt's first failure (``root_cause``): a ``torchelastic.root_cause`` record (ERROR, timestamped when
+    the rank failed), the same attributes on the attempt and run spans, and the ``torchelastic.root_cause.time``
+    gauge, whose lowest value over every agent of a run names the job's first failure (one PromQL query)."""
+    failed = {int(rank) for rank in failures}
+    running = [int(w.global_rank) for w in getattr(worker_group, "workers", ()) if int(w.global_rank) not in failed]
+    cause = root_cause.find(failures, running, os.environ.get(root_cause.FAILURE_DIR_ENV))
+    if cause is None:
+        return
+    host = _fqdn()
+    attributes = {**root_cause.attributes(cause), "host.name": host}
+    metadata = {
+        "state": "FAILED",
+        "run_id": state.run_attributes.get("torchelastic.run_id"),
+        "role": state.run_attributes.get("torchelastic.role"),
+        "restart_count": _restart_count(agent),
+    }
+    event = Event("torchelastic.root_cause", EventSource.AGENT, cause.time_unix_nano // 1_000_000, metadata)
+    event_adapter.export_event(event, attributes)
+    for span in (state.attempt, state.run):
+        if span is not None:
+            span.set_attributes(attributes)
+    gauge = pipeline.get_pipeline().meter_provider.get_meter(SCOPE, __version__).create_gauge(
+        "torchelastic.root_cause.time", unit="s", description="When the first failed rank of an attempt failed"
+    )
+    gauge.set(
+        cause.time_unix_nano / 1e9,
+        {
+            "torchelastic.run_id": str(metadata["run_id"] or ""),
+            "torchelastic.role": str(metadata["role"] or ""),
+            "torchelastic.restart_count": int(metadata["restart_count"]),
+            "torchelastic.root_cause.rank": cause.rank,
+            "torchelastic.root_cause.reason": cause.reason,
+            "host.name": host,
+        },
+    )
 
 
 def _signal_name(failure: Any) -> str | None:
@@ -380,6 +423,7 @@ def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None
         wrapped.__torchelastic_otel__ = True  # type: ignore[attr-defined]
         patches.set(cls, name, wrapped)
 
+    _hand_out_failure_dir(patches)
     wrap(SimpleElasticAgent, "run", lambda f: _wrap_run(f, metric_emit))
     wrap(SimpleElasticAgent, "_initialize_workers", _wrap_initialize)
     wrap(SimpleElasticAgent, "_rendezvous", lambda f: _wrap_span("torchelastic.rendezvous", f))
@@ -388,3 +432,26 @@ def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None
     wrap(LocalElasticAgent, "_monitor_workers", _wrap_monitor)
     wrap(LocalElasticAgent, "_stop_workers", _wrap_stop)
     wrap(LocalElasticAgent, "_shutdown", lambda f: _wrap_span("torchelastic.agent.shutdown", f))
+
+
+def _hand_out_failure_dir(patches: Patches) -> None:
+    """Workers inherit the agent's environment: tell them where to write an uncaught exception for the agent."""
+    if os.environ.get(root_cause.FAILURE_DIR_ENV):
+        return
+    import atexit
+    import shutil
+
+    directory = root_cause.make_failure_dir()
+    os.environ[root_cause.FAILURE_DIR_ENV] = directory
+
+    def discard() -> None:
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def remove() -> None:
+        if os.environ.get(root_cause.FAILURE_DIR_ENV) == directory:
+            del os.environ[root_cause.FAILURE_DIR_ENV]
+        atexit.unregister(discard)
+        discard()
+
+    atexit.register(discard)
+    patches.on_restore(remove)

@@ -30,6 +30,7 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from torchelastic_otel import _deferred, _runtime, _signals, _stacks, pipeline
+from torchelastic_otel._torch import root_cause
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.events import _otel as event_adapter
 from torchelastic_otel.events.api import Event, EventSource
@@ -132,6 +133,7 @@ def _install_excepthook(patches: Patches) -> None:
     def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         try:
             if not issubclass(exc_type, KeyboardInterrupt):
+                root_cause.write_failure(exc_type, exc, tb)  # first: the agent ranks the failures by it
                 text = "".join(traceback.format_exception(exc_type, exc, tb))
                 _export_and_flush("torchelastic.worker.exception", {"state": "FAILED", "raw_error": text})
         except Exception:

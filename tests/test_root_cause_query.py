@@ -1,0 +1,86 @@
+"""The README's one query for a job's first failure, run by a real Prometheus over two real agents ("nodes").
+
+Each agent reports the first failure among its own workers; only a query over all agents finds the job's first.
+Two ``torchelastic-otel run`` agents (through ``tests/_stack_launcher.py``, which keeps an agent's Prometheus endpoint
+up after its run so its final values are scraped) join one c10d rendezvous on 127.0.0.1, 2 workers each
+(``tests/_root_cause_worker.py --fail-rank 3``): global rank 3, on the second agent, raises while ranks 0-2 wait for
+it in a gloo ``all_reduce``; gloo then fails ranks 0 and 1 on the first agent (and rank 2 on the second), later by
+causality. Debian's ``prometheus`` scrapes both agents every second. The README's query must name rank 3.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    from tests import _stack_common as stack
+    from tests.test_torchrun import c10d_args, free_port, unique_id
+except ModuleNotFoundError:  # tests/ is not a package in this checkout
+    import _stack_common as stack  # type: ignore[no-redef]
+    from test_torchrun import c10d_args, free_port, unique_id  # type: ignore[no-redef]
+
+pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
+yaml = pytest.importorskip("yaml")
+
+WORKER = Path(__file__).with_name("_root_cause_worker.py")
+README = Path(__file__).resolve().parent.parent / "README.md"
+#: The query as the README gives it; the test fills in the run id.
+QUERY = 'bottomk(1, torchelastic_root_cause_time_seconds{torchelastic_run_id="<run id>"})'
+TIMEOUT = 90.0
+
+
+def _config(ports: list[int]) -> str:
+    job = {"job_name": "torchelastic-agents", "scrape_interval": "1s", "scrape_timeout": "1s",
+           "static_configs": [{"targets": [f"{stack.HOST}:{port}" for port in ports]}]}  # fmt: skip
+    return yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": [job]}, sort_keys=False)
+
+
+def test_readme_query_names_the_rank_that_failed_first_across_agents(tmp_path: Path) -> None:
+    assert QUERY in README.read_text(), "the README shows this query"
+    bases = [stack.free_port_block(3), stack.free_port_block(3)]
+    avoid = {base + i for base in bases for i in range(3)}
+    prom = stack.Prometheus(stack.prometheus_bin(), tmp_path / "prometheus", _config(bases), avoid=avoid)
+    run_id = unique_id("first-failure")
+    rdzv = c10d_args(run_id, free_port())
+    agents: list[stack.Proc] = []
+    flags = [tmp_path / f"flags{i}" for i in range(2)]
+    prom.start()
+    try:
+        for i, base in enumerate(bases):
+            flags[i].mkdir()
+            env = stack.clean_env(OTEL_METRICS_EXPORTER="prometheus", OTEL_TRACES_EXPORTER="none",
+                                  OTEL_LOGS_EXPORTER="none", OTEL_EXPORTER_PROMETHEUS_HOST=stack.HOST,
+                                  OTEL_EXPORTER_PROMETHEUS_PORT=str(base))  # fmt: skip
+            cmd = [sys.executable, stack.LAUNCHER, flags[i], str(TIMEOUT), "--nnodes", "2", "--nproc-per-node", "2",
+                   "--max-restarts", "0", *rdzv, WORKER, "--fail-rank", "3"]  # fmt: skip
+            agents.append(stack.start(cmd, tmp_path / f"agent{i}.log", env=env))
+
+        def describe() -> str:
+            return prom.describe() + "".join(f"\nagent {i}:\n{a.output()[-4000:]}" for i, a in enumerate(agents))
+
+        stack.wait_until(lambda: all((f / "agent-done").exists() for f in flags), TIMEOUT, "both agents' runs to end",
+                         on_timeout=describe)  # fmt: skip
+        selector = f'torchelastic_root_cause_time_seconds{{torchelastic_run_id="{run_id}"}}'
+        stack.wait_until(lambda: len(prom.query(selector)) == 2, 30, "both agents' root causes in Prometheus",
+                         on_timeout=describe)  # fmt: skip
+        per_agent = prom.query(selector)
+        first = prom.query(QUERY.replace("<run id>", run_id))
+    finally:
+        for f in flags:
+            if f.exists():
+                (f / "agent-exit").touch()
+        for agent in agents:
+            agent.stop()
+        prom.stop()
+
+    assert len(first) == 1, per_agent
+    labels = first[0]["metric"]
+    assert labels["torchelastic_root_cause_rank"] == "3", per_agent
+    assert labels["torchelastic_root_cause_reason"] == "ValueError"
+    # Each agent reported its own first failure: the other one is a consequence on the first agent, and later.
+    others = [s for s in per_agent if s["metric"]["torchelastic_root_cause_rank"] != "3"]
+    assert len(others) == 1 and others[0]["metric"]["torchelastic_root_cause_rank"] in {"0", "1"}, per_agent
+    assert others[0]["value"] > first[0]["value"]

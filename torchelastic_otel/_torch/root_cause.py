@@ -1,0 +1,205 @@
+"""Which rank of a failed attempt failed first, and why: the root cause the agent reports.
+
+When a rank fails, the others soon fail too (a gloo/NCCL collective loses its peer, a store times out) or are
+stopped by the agent: they are consequences. torchrun ranks the failures of its worker group by their error-file
+timestamp and prints the first as "Root Cause", as console text on one node, and only for scripts decorated with
+``@record`` (otherwise there is no error file, hence no traceback, and the time is when the agent noticed).
+
+Here each worker's uncaught exception is also written to a small file of the bridge's (``write_failure``: the
+exception's type, message and traceback, and its time in nanoseconds) in a directory the agent creates and hands to
+its workers (``TORCHELASTIC_OTEL_FAILURE_DIR``); ``find`` then ranks an attempt's failures by the most precise time
+known for each -- that file's, else torch's error-file timestamp (whole seconds), else when the agent observed the
+exit -- and returns the first with its exit code or signal, traceback and the other ranks (failed later, or still
+running and so stopped by the agent) as consequences.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FAILURE_DIR_ENV", "RootCause", "attributes", "find", "make_failure_dir", "write_failure"]
+
+FAILURE_DIR_ENV = "TORCHELASTIC_OTEL_FAILURE_DIR"
+#: Bound on what a worker writes and the agent reads (a traceback of a deep recursion is megabytes).
+MAX_TEXT = 16384
+_NOT_AVAILABLE = "<N/A>"
+
+
+@dataclass
+class RootCause:
+    """The first failure of an attempt on one agent."""
+
+    rank: int
+    local_rank: int | None
+    pid: int | None
+    time_unix_nano: int
+    time_source: str  # "exception" (the worker's own time), "error_file" (torch's, whole seconds) or "exit_observed"
+    exit_code: int | None = None
+    signal: str | None = None
+    exception_type: str | None = None
+    exception_message: str | None = None
+    exception_stacktrace: str | None = None
+    consequences: list[int] = field(default_factory=list)
+
+    @property
+    def reason(self) -> str:
+        """One short word for the cause: the exception type, the signal, or the exit code."""
+        if self.exception_type:
+            return self.exception_type
+        if self.signal:
+            return self.signal
+        return f"exit {self.exit_code}" if self.exit_code is not None else "unknown"
+
+
+# ---- worker side ----------------------------------------------------------------------------------------------
+
+
+def make_failure_dir() -> str:
+    """A fresh directory for the workers' failure files (the agent's; removed with the bridge)."""
+    return tempfile.mkdtemp(prefix="torchelastic-otel-failures-")
+
+
+def write_failure(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+    """In a worker, on an uncaught exception: write its type, message, traceback and time for the agent.
+
+    Written to a temporary name and renamed, so the agent never reads half a file. Nothing happens outside a
+    bridged torchrun worker. Never raises (the worker is dying already; its own traceback is what matters).
+    """
+    directory = os.environ.get(FAILURE_DIR_ENV)
+    if not directory or not os.path.isdir(directory):
+        return
+    try:
+        data = {
+            "time_unix_nano": time.time_ns(),
+            "pid": os.getpid(),
+            "type": exc_type.__qualname__,
+            "message": _cut(str(exc)),
+            "stacktrace": _cut("".join(traceback.format_exception(exc_type, exc, tb)), keep_end=True),
+        }
+        path = os.path.join(directory, f"{os.getpid()}.json")
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)
+    except Exception:
+        pass
+
+
+def _cut(text: str, keep_end: bool = False) -> str:
+    """At most ``MAX_TEXT`` characters; a traceback keeps its end (where the exception was raised)."""
+    if len(text) <= MAX_TEXT:
+        return text
+    return "...\n" + text[-(MAX_TEXT - 4) :] if keep_end else text[: MAX_TEXT - 3] + "..."
+
+
+# ---- agent side -----------------------------------------------------------------------------------------------
+
+
+def find(failures: dict[int, Any], running_ranks: list[int], failure_dir: str | None) -> RootCause | None:
+    """The first of ``failures`` (torch's ``{global_rank: ProcessFailure}``) by time, with the other failed ranks
+    and ``running_ranks`` (stopped by the agent after it) as consequences; ``None`` if there are no failures."""
+    observed_ns = time.time_ns()
+    causes = [_cause(int(rank), failure, failure_dir, observed_ns) for rank, failure in failures.items()]
+    if not causes:
+        return None
+    causes.sort(key=lambda cause: (cause.time_unix_nano, cause.rank))
+    first = causes[0]
+    first.consequences = sorted({cause.rank for cause in causes[1:]} | {int(r) for r in running_ranks} - {first.rank})
+    return first
+
+
+def _cause(rank: int, failure: Any, failure_dir: str | None, observed_ns: int) -> RootCause:
+    pid = _int_or_none(getattr(failure, "pid", None))
+    exit_code = _int_or_none(getattr(failure, "exitcode", None))
+    cause = RootCause(rank, _int_or_none(getattr(failure, "local_rank", None)), pid, observed_ns, "exit_observed")
+    if exit_code is not None and exit_code < 0:
+        cause.signal = _signal_name(-exit_code)
+    else:
+        cause.exit_code = exit_code
+    own = _read_failure(failure_dir, pid)
+    if own is not None:
+        cause.time_unix_nano, cause.time_source = own["time_unix_nano"], "exception"
+        cause.exception_type, cause.exception_message = own.get("type"), own.get("message")
+        cause.exception_stacktrace = own.get("stacktrace")
+        return cause
+    _from_error_file(cause, failure)
+    return cause
+
+
+def _from_error_file(cause: RootCause, failure: Any) -> None:
+    """torch's error file (a script decorated with ``@record``): ``{"message": {"message": "Type: text",
+    "extraInfo": {"py_callstack": ..., "timestamp": "<seconds>"}}}``."""
+    if getattr(failure, "error_file", _NOT_AVAILABLE) in ("", _NOT_AVAILABLE):
+        return
+    timestamp = _int_or_none(getattr(failure, "timestamp", None))
+    if timestamp:
+        cause.time_unix_nano, cause.time_source = timestamp * 1_000_000_000, "error_file"
+    data = getattr(failure, "error_file_data", None)
+    inner = data.get("message") if isinstance(data, dict) else None
+    text = inner.get("message") if isinstance(inner, dict) else inner
+    if isinstance(text, str) and text:
+        head, sep, rest = text.partition(": ")
+        if sep and head.replace(".", "").replace("_", "").isalnum():
+            cause.exception_type, cause.exception_message = head, _cut(rest)
+        else:
+            cause.exception_message = _cut(text)
+    extra = inner.get("extraInfo") if isinstance(inner, dict) else None
+    stack = extra.get("py_callstack") if isinstance(extra, dict) else None
+    if isinstance(stack, str) and stack:
+        cause.exception_stacktrace = _cut(stack, keep_end=True)
+
+
+def _read_failure(failure_dir: str | None, pid: int | None) -> dict[str, Any] | None:
+    if not failure_dir or pid is None:
+        return None
+    try:
+        with open(os.path.join(failure_dir, f"{pid}.json")) as fh:
+            data = json.loads(fh.read(4 * MAX_TEXT))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("time_unix_nano"), int):
+        return None
+    return {key: (_cut(value) if isinstance(value, str) else value) for key, value in data.items()}
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def attributes(cause: RootCause) -> dict[str, Any]:
+    """The root cause as OpenTelemetry attributes (semantic conventions where there is one)."""
+    out: dict[str, Any] = {
+        "torchelastic.root_cause.rank": cause.rank,
+        "torchelastic.root_cause.time_unix_nano": cause.time_unix_nano,
+        "torchelastic.root_cause.time_source": cause.time_source,
+        "torchelastic.root_cause.reason": cause.reason,
+        "torchelastic.root_cause.consequences": cause.consequences,
+    }
+    optional = {
+        "torchelastic.root_cause.local_rank": cause.local_rank,
+        "process.pid": cause.pid,
+        "process.exit.code": cause.exit_code,
+        "torchelastic.root_cause.signal": cause.signal,
+        "exception.type": cause.exception_type,
+        "exception.message": cause.exception_message,
+        "exception.stacktrace": cause.exception_stacktrace,
+    }
+    out.update({key: value for key, value in optional.items() if value is not None})
+    return out
