@@ -1,246 +1,100 @@
-"""What the bridge produces, shown without a backend: ``make demo`` (``.venv/bin/python examples/demo.py``).
+"""``make demo``: a real elastic job exported to OTLP JSON Lines files, then rendered as a report.
 
-A tiny "training run" uses both APIs of torchelastic_otel the way torch code does:
+1. ``torchelastic-otel run --standalone --nproc-per-node 2 --max-restarts 1 examples/demo_worker.py
+   --fail-once-rank 1``: torch's agent and 2 gloo workers on CPU; rank 1 fails in the first attempt, the agent
+   restarts the group, the second attempt succeeds. The workers record their own metrics, events and spans.
+2. Every process (the agent and each worker of each attempt) exports through the OpenTelemetry exporter package
+   ``opentelemetry-exporter-otlp-json-file`` (``OTEL_*_EXPORTER=otlp_json_file``) into its own files under
+   ``TORCHELASTIC_OTEL_FILE_DIR`` -- no collector, no backend.
+3. ``torchelastic-otel report`` renders those files: in the terminal, and as one self-contained HTML file.
 
-- metrics: ``@metrics.prof`` on a training step (three successes, one failure), ``put_metric`` of a user value
-  (loss) and of two names torch's agent reports (``workers.default.remaining_restarts`` and
-  ``SimpleElasticAgent._rendezvous.duration.ms``);
-- events: torch-style ``events.record(Event(...), "otel")`` (a worker START and a FAILED worker event shaped like
-  torch's agent builds them, with ``raw_error``), a rendezvous ``RdzvEvent``, and the legacy
-  ``events.record("checkpoint.saved", "demo", {...})``;
-
-all inside a span "demo.run" with a child span per step. The providers write to in-memory exporters; after
-``torchelastic_otel.flush()`` the demo prints what they hold: log records, the span tree, the metric points.
+The last line printed is ``report: <path of the HTML file>``. Everything goes to a fresh directory (``--out`` to
+choose it). The job is bounded (``--timeout``); if it outlives that it is stopped and the files rendered anyway.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
+import argparse
 import os
-import textwrap
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
-import traceback
+from pathlib import Path
 
-from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import Gauge, Histogram, InMemoryMetricReader, Sum
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-import torchelastic_otel
-from torchelastic_otel import events, metrics
-from torchelastic_otel.events import Event, EventSource, NodeState, RdzvEvent
-
-RUN_ID = "demo-job-1"
-HOST = "node-1"
-PID = os.getpid()
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "demo_worker.py"
 
 
-# ---- 1. the pipeline: three providers with in-memory exporters -------------------------------------------------
-
-resource = Resource.create({"service.name": "torchelastic-demo"})
-spans = InMemorySpanExporter()
-logs = InMemoryLogRecordExporter()
-reader = InMemoryMetricReader()
-tracer_provider = TracerProvider(resource=resource)
-tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-logger_provider = LoggerProvider(resource=resource)
-logger_provider.add_log_record_processor(SimpleLogRecordProcessor(logs))
-meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
-torchelastic_otel.setup(tracer_provider, meter_provider, logger_provider)
-
-metrics.configure(metrics.OtelMetricHandler())  # every metric group -> OpenTelemetry instruments
-events.configure(events.OtelEventHandler())  # legacy API: every event type -> OpenTelemetry
-tracer = tracer_provider.get_tracer("demo")
+def job_command() -> list[str]:
+    launcher = Path(sys.executable).with_name("torchelastic-otel")
+    prefix = [str(launcher)] if launcher.exists() else [sys.executable, "-m", "torchelastic_otel.run"]
+    return [
+        *prefix, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
+        str(WORKER), "--fail-once-rank", "1",
+    ]  # fmt: skip
 
 
-# ---- 2. a small training run ------------------------------------------------------------------------------------
-
-
-def worker_event(state: str, raw_error: str | None = None, exit_code: int | None = None) -> Event:
-    """A worker status event as torch's SimpleElasticAgent._construct_event builds it."""
-    packed = {"group_world_size": 1, "entry_point": "demo.py", "local_rank": [0], "role_rank": [0],
-              "role_world_size": [1], "exit_code": [exit_code], "worker_pid": [PID]}  # fmt: skip
-    return Event(
-        f"torchelastic.worker.status.{state}",
-        EventSource.WORKER,
-        metadata={
-            "run_id": RUN_ID, "global_rank": 0, "group_rank": 0, "worker_id": str(PID), "role": "default",
-            "hostname": HOST, "state": state, "total_run_time": 0, "rdzv_backend": "c10d",
-            "raw_error": raw_error, "metadata": json.dumps(packed), "agent_restarts": 0, "duration_ms": None,
-        },
-    )  # fmt: skip
-
-
-def torch_error_file(exc: BaseException) -> str:
-    """``raw_error`` as torch's agent sends it: the JSON of the worker's error file."""
-    message = f"{type(exc).__name__}: {exc}"
-    extra = {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}
-    return json.dumps({"message": {"message": message, "extraInfo": extra}})
-
-
-class Trainer:
-    @metrics.prof(group="demo")  # -> torchelastic.function.calls / torchelastic.function.duration
-    def train_step(self, step: int) -> float:
-        time.sleep(0.02)
-        if step == 2:
-            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return 1.0 / (step + 1)
-
-
-with tracer.start_as_current_span("demo.run", attributes={"run_id": RUN_ID}):
-    events.record(
-        RdzvEvent(
-            name="dynamic_rendezvous.py:DynamicRendezvousHandler.next_rendezvous",
-            run_id=RUN_ID,
-            message=f"The node '{HOST}_{PID}_0' added itself to the participants of round 0.",
-            hostname=HOST,
-            pid=PID,
-            node_state=NodeState.RUNNING,
-            master_endpoint="127.0.0.1:29400",
-            rank=0,
-        ),
-        "otel",
+def job_env(telemetry: Path) -> dict[str, str]:
+    """This environment without OTEL_* settings of its own, exporting every signal to files in ``telemetry``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_", "TRACEPARENT"))}
+    env.update(
+        OTEL_TRACES_EXPORTER="otlp_json_file",
+        OTEL_METRICS_EXPORTER="otlp_json_file",
+        OTEL_LOGS_EXPORTER="otlp_json_file",
+        TORCHELASTIC_OTEL_FILE_DIR=str(telemetry),
+        OTEL_SERVICE_NAME="torchelastic-demo",
+        OTEL_METRIC_EXPORT_INTERVAL="250",  # points often enough to chart a few seconds of training
+        OTEL_BSP_SCHEDULE_DELAY="200",
+        OTEL_BLRP_SCHEDULE_DELAY="200",
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",  # pytorch#135712: stale store keys on restart in torch 2.x
+        OMP_NUM_THREADS="1",  # 2 workers on a small machine: no thread oversubscription
+        PYTHONUNBUFFERED="1",
     )
-    metrics.put_metric("SimpleElasticAgent._rendezvous.duration.ms", 1500, "torchelastic")  # torch's agent name
-    events.record(worker_event("START"), "otel")
-    trainer = Trainer()
-    for step in range(4):
+    return env
+
+
+def run_job(out: Path, timeout: float) -> int:
+    telemetry, log = out / "telemetry", out / "job.log"
+    cmd = job_command()
+    print(f"$ OTEL_{{TRACES,METRICS,LOGS}}_EXPORTER=otlp_json_file TORCHELASTIC_OTEL_FILE_DIR={telemetry} \\\n"
+          f"    {shlex.join(cmd[cmd.index('run'):])}", flush=True)  # fmt: skip
+    started = time.monotonic()
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, env=job_env(telemetry), cwd=HERE.parent, stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)  # fmt: skip
         try:
-            with tracer.start_as_current_span("demo.step", attributes={"step": step}):
-                loss = trainer.train_step(step)
-                metrics.put_metric("loss", loss, "demo")
-                if step == 1:
-                    events.record("checkpoint.saved", "demo", {"step": step, "path": f"/tmp/ckpt/step-{step}.pt"})
-        except RuntimeError as exc:  # the step span records the exception and ends with status ERROR
-            events.record(worker_event("FAILED", torch_error_file(exc), exit_code=1), "otel")
-    metrics.put_metric("workers.default.remaining_restarts", 2, "torchelastic")  # torch's agent name
-
-torchelastic_otel.flush()  # drains the metric buffer into the SDK and flushes every provider
-
-
-# ---- 3. what was exported ---------------------------------------------------------------------------------------
-
-WIDTH = 112
-finished_spans = sorted(spans.get_finished_spans(), key=lambda s: s.start_time)
-span_names = {s.context.span_id: s.name for s in finished_spans}
-run_start = finished_spans[0].start_time if finished_spans else 0
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)  # the agent stops its workers on SIGTERM
+            try:
+                code = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            print(f"the job outlived {timeout:.0f} s and was stopped", flush=True)
+    print(f"job exited with status {code} after {time.monotonic() - started:.1f} s (its output: {log})", flush=True)
+    return code
 
 
-def clock(ns: int) -> str:
-    return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%H:%M:%S.%f")[:-3]
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="directory for the telemetry and the report (default: a new one)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds the job may run")
+    args = parser.parse_args(argv)
+    out = args.out or Path(tempfile.mkdtemp(prefix="torchelastic-demo-"))
+    if (out / "telemetry").exists():
+        shutil.rmtree(out / "telemetry")  # the exporter appends: a second run must not mix with the first
+    out.mkdir(parents=True, exist_ok=True)
+    run_job(out, args.timeout)
+    print(flush=True)
+    from torchelastic_otel.report import main as report
+
+    return report([str(out / "telemetry"), "--html", str(out / "report.html")])
 
 
-def show(value: object, limit: int = 60) -> str:
-    """A compact value: strings quoted (a traceback shortened to its last line), long ones cut."""
-    if isinstance(value, str):
-        lines = value.strip().splitlines()
-        if len(lines) > 1:
-            return f"<traceback, {len(lines)} lines>"
-        return repr(value if len(value) <= limit else value[: limit - 3] + "...")
-    if isinstance(value, tuple):
-        return repr(list(value))
-    return repr(value)
-
-
-NAMESPACES = ("exception.", "torchelastic.metadata.", "torchelastic.")  # attributes are grouped by these
-SHOWN_IN_ORDER = ("exception.", "torchelastic.", "torchelastic.metadata.", "")
-
-
-def print_attributes(attributes: object) -> None:
-    """Attributes grouped by namespace: ``torchelastic.* run_id=...`` stands for ``torchelastic.run_id=...``."""
-    groups: dict[str, list[str]] = {}
-    for key, value in dict(attributes or {}).items():  # type: ignore[call-overload]
-        space = next((n for n in NAMESPACES if key.startswith(n)), "")
-        groups.setdefault(space, []).append(f"{key[len(space):]}={show(value)}".replace(" ", "\0"))
-    for space in SHOWN_IN_ORDER:
-        if space in groups:  # one item is never split across lines (its spaces are \0 while filling)
-            label = f"      {space + '*' if space else '':<24}"
-            text = textwrap.fill("  ".join(groups[space]), WIDTH, initial_indent=label, subsequent_indent=" " * 30,
-                                 break_long_words=False, break_on_hyphens=False)  # fmt: skip
-            print(text.replace("\0", " "))
-
-
-def print_logs() -> None:
-    records = [r.log_record for r in logs.get_finished_logs()]
-    print(f"(1) LOG RECORDS: {len(records)}, one per event  [time severity event_name body (span); attributes]")
-    for record in records:
-        head = f"  {clock(record.timestamp)} {record.severity_text:<5} {record.event_name}"
-        body = f"body={show(record.body, 80)}"
-        span = f"(span {span_names.get(record.span_id, '-')})"
-        if len(head) + len(body) + len(span) + 4 <= WIDTH + 8:
-            print(f"{head}  {body}  {span}")
-        else:
-            print(f"{head}  {span}\n{' ' * 30}{body}")
-        print_attributes(record.attributes)
-
-
-def print_spans() -> None:
-    print(f"(2) SPANS: {len(finished_spans)}, one trace  [name {{attributes}} start +ms, duration; * = span event]")
-    children: dict[object, list] = {}
-    for s in finished_spans:
-        children.setdefault(s.parent.span_id if s.parent else None, []).append(s)
-
-    def walk(s, depth: int) -> None:  # type: ignore[no-untyped-def]
-        pad = "  " * depth
-        status = f"  {s.status.status_code.name}: {s.status.description}" if s.status.description else ""
-        attrs = " {" + ", ".join(f"{k}={v}" for k, v in s.attributes.items()) + "}" if s.attributes else ""
-        print(f"  {pad}{s.name}{attrs}  +{(s.start_time - run_start) / 1e6:.1f} ms, "
-              f"{(s.end_time - s.start_time) / 1e6:.1f} ms{status}")  # fmt: skip
-        entries = [(e.timestamp, "event", e) for e in s.events] + [(c.start_time, "span", c) for c in children.get(
-            s.context.span_id, [])]  # fmt: skip
-        for _, kind, item in sorted(entries, key=lambda x: x[0]):
-            if kind == "span":
-                walk(item, depth + 1)
-            else:
-                n = len(item.attributes or {})
-                detail = item.attributes.get("exception.message") if item.attributes else None
-                detail = f"  {show(detail)}" if detail else ""
-                print(f"  {pad}  * {item.name}  ({n} attributes){detail}")
-
-    for root in children.get(None, []):
-        walk(root, 0)
-
-
-SOURCES = {  # what the demo put (torch-style names) -> the instrument the rule table chose
-    "loss": 'put_metric("loss", v, "demo")',
-    "torchelastic.function.calls": "@prof: Trainer.train_step.success, Trainer.train_step.failure",
-    "torchelastic.function.duration": "*.duration.ms values: @prof's and SimpleElasticAgent._rendezvous's; ms -> s",
-    "torchelastic.workers.remaining_restarts": 'put_metric("workers.default.remaining_restarts", 2)',
-}  # fmt: skip
-
-
-def print_metrics() -> None:
-    data = reader.get_metrics_data()
-    found = [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics] if data else []
-    print(f"(3) METRICS: {len(found)} instruments  [name kind unit; what the demo put; {{attributes}} -> value]")
-    for m in sorted(found, key=lambda m: m.name):
-        kind = {Gauge: "gauge", Histogram: "histogram"}.get(type(m.data))
-        if isinstance(m.data, Sum):
-            kind = "counter" if m.data.is_monotonic else "updown_counter"
-        print(f"  {m.name}  {kind}  {m.unit or '(no unit)'}")
-        if m.name in SOURCES:
-            print(f"      from {SOURCES[m.name]}")
-        for p in m.data.data_points:
-            attrs = "{" + ", ".join(f"{k}={v}" for k, v in sorted(p.attributes.items())) + "}"
-            value = f"count={p.count} sum={p.sum:g}" if kind == "histogram" else f"{p.value:g}"
-            print(f"      {attrs} -> {value}")
-
-
-print(f"torchelastic_otel demo: what one small run exports (resource service.name={resource.attributes['service.name']})")
-print()
-print_logs()
-print()
-print_spans()
-print()
-print_metrics()
-print()
-print("Metric names -> instruments: the rule table in torchelastic_otel.metrics.rules. Event metadata -> torchelastic.*")
-print("attributes; torch's packed 'metadata' JSON -> torchelastic.metadata.*; raw_error / error_trace -> exception.*")
-print("To send the same to a real backend (OpenTelemetry Collector, Jaeger, ...), don't call setup(): the bridge then")
-print("configures itself from the standard OTEL_* variables (OTLP exporters by default):")
-print("  OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 python your_script.py")
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The ``report`` command: read, build, print the terminal report, write the HTML file, say where it is.
+
+Its last line is ``report: <path of the HTML file>``. Bad input never ends in a traceback: a path that does not
+exist or holds no OTLP is a one-line error (exit status 2); lines that cannot be read are skipped and counted in
+the report itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from torchelastic_otel.report import html, model, terminal
+from torchelastic_otel.report.otlpjson import ReportError, read
+
+DEFAULT_HTML = "torchelastic-report.html"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="torchelastic-otel report",
+        description="Render OTLP JSON Lines files of a torchrun job (from the otlp_json_file exporter or a "
+        "Collector's file exporter) in the terminal and as one self-contained HTML file.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="OTLP JSON Lines files, or directories holding them")
+    p.add_argument("--html", metavar="FILE", default=DEFAULT_HTML, help=f"HTML file to write (default: {DEFAULT_HTML})")
+    p.add_argument("--width", type=int, default=0, help="columns of the terminal report (default: the terminal's)")
+    p.add_argument("--quiet", action="store_true", help="print only the last line (where the HTML report is)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        tel = read(args.paths)
+    except ReportError as exc:
+        print(f"torchelastic-otel report: {exc}", file=sys.stderr)
+        return 2
+    jobs = model.build(tel)
+    if not args.quiet:
+        width = args.width or shutil.get_terminal_size((110, 24)).columns
+        print(terminal.render(tel, jobs, width=max(60, width), color=terminal.use_color(sys.stdout)))
+    out = Path(args.html)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(html.render(tel, jobs), encoding="utf-8")
+    except OSError as exc:
+        print(f"torchelastic-otel report: cannot write {out}: {exc}", file=sys.stderr)
+        return 2
+    print(f"report: {os.path.abspath(out)}")
+    return 0

@@ -1,0 +1,597 @@
+"""A torchrun job as the report tells it, built from the records of its processes.
+
+Per run id: the agents (one per node), each agent's attempts (one per restart count), each rank's worker in each
+attempt with how it ended, the failures the agent saw, the root cause of each failed attempt, the restarts, and the
+metric points of every process.
+
+Only what the files hold is used, and every piece has a fallback, so a report also comes out of partial data (no
+traces, no worker telemetry, files of a job still running):
+
+- root cause: the agent's ``torchelastic.root_cause`` record (or the same attributes on the attempt span) when
+  present; otherwise the failed rank that was not stopped by the agent (SIGTERM) and failed first, by its own
+  ``torchelastic.worker.exception`` record or else by when the agent saw it (``torchelastic.worker.failure``);
+- a worker's run: from its own process (``torchelastic.worker.start`` span, first and last record) and from the
+  agent's records about it (status START, failure), ending when the agent saw it fail or its attempt ended;
+- attempts: the agent's ``torchelastic.attempt`` spans, else one per restart count seen in the workers.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchelastic_otel.report.records import LogRecord, Point, Proc, Span, Telemetry
+
+ROOT_CAUSE_EVENT = "torchelastic.root_cause"
+FAILURE_EVENT = "torchelastic.worker.failure"
+EXCEPTION_EVENT = "torchelastic.worker.exception"
+TERMINATED_EVENT = "torchelastic.worker.terminated"
+RESTART_EVENT = "torchelastic.restart"
+IOSTREAM = "log.iostream"
+_MAX_OUTPUT_LINES = 40  # per worker: the last lines of its stdout/stderr kept for the report
+
+
+def as_int(raw: Any) -> int | None:
+    """An integer from an attribute (the bridge writes some ints as strings); ``None`` when it is none."""
+    if isinstance(raw, bool):
+        return None
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def as_str(raw: Any) -> str:
+    return "" if raw is None or raw == "<NONE>" else str(raw)
+
+
+@dataclass
+class Failure:
+    """A worker the agent saw fail (``torchelastic.worker.failure``), or a root-cause record's worker."""
+
+    rank: int | None
+    local_rank: int | None
+    restart: int
+    time: int
+    exit_code: int | None = None
+    signal: str = ""
+    exc_type: str = ""
+    exc_message: str = ""
+    stacktrace: str = ""
+    host: str = ""
+    pid: int | None = None
+
+    @property
+    def stopped_by_agent(self) -> bool:
+        """Ended by the agent's SIGTERM when it stopped the group: a consequence, not a cause."""
+        return self.signal == "SIGTERM" or self.exit_code == -15
+
+    @property
+    def how(self) -> str:
+        if self.signal:
+            return f"was killed by {self.signal}"
+        if self.exit_code is not None:
+            return f"exited with code {self.exit_code}"
+        return "failed"
+
+
+@dataclass
+class RootCause(Failure):
+    consequences: list[int] = field(default_factory=list)
+    source: str = "derived"  # "record": the agent's torchelastic.root_cause; "derived": chosen from the failures
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def headline(self) -> str:
+        where = ", ".join(
+            part
+            for part in (
+                f"local rank {self.local_rank}" if self.local_rank is not None else "",
+                f"pid {self.pid}" if self.pid is not None else "",
+                f"host {self.host}" if self.host else "",
+            )
+            if part
+        )
+        exc = f": {self.exc_type}: {self.exc_message}" if self.exc_type else ""
+        return f"rank {self.rank}{f' ({where})' if where else ''} {self.how}{exc}"
+
+
+@dataclass
+class WorkerRun:
+    """One rank's worker process in one attempt."""
+
+    rank: int | None
+    restart: int
+    host: str = ""
+    local_rank: int | None = None
+    pid: int | None = None
+    proc: Proc | None = None
+    start: int = 0
+    end: int = 0
+    state: str = "unknown"  # succeeded | failed | terminated | stopped | running | unknown
+    exit_code: int | None = None
+    signal: str = ""
+    exception: str = ""
+    stacktrace: str = ""
+    stack: str = ""
+    root_cause: bool = False
+    failed_at: int = 0  # when it raised (its own exception record)
+    spans: list[Span] = field(default_factory=list)
+    output: list[LogRecord] = field(default_factory=list)
+    first_seen: int = 0
+    last_seen: int = 0
+    parent_span: str = ""
+
+
+@dataclass
+class Attempt:
+    restart: int
+    start: int
+    end: int
+    failed: bool = False
+    ended: bool = True
+    status: str = ""
+    host: str = ""
+    span_id: str = ""
+    rendezvous: list[tuple[int, int]] = field(default_factory=list)
+    workers: list[WorkerRun] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    root_cause: RootCause | None = None
+
+
+@dataclass
+class Restart:
+    time: int
+    restart: int | None
+    reason: str
+    host: str
+
+
+@dataclass
+class Agent:
+    host: str
+    proc: Proc | None
+    attempts: list[Attempt] = field(default_factory=list)
+    run_state: str = ""
+    start: int = 0
+    end: int = 0
+
+
+@dataclass
+class Job:
+    run_id: str | None
+    spans: list[Span]
+    logs: list[LogRecord]
+    points: list[Point]
+    agents: list[Agent] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
+    outcome: str = "UNKNOWN"  # SUCCEEDED | FAILED | UNFINISHED | UNKNOWN
+    start: int = 0
+    end: int = 0
+
+    @property
+    def attempts(self) -> list[Attempt]:
+        return [a for agent in self.agents for a in agent.attempts]
+
+    @property
+    def workers(self) -> list[WorkerRun]:
+        return [w for a in self.attempts for w in a.workers]
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({w.rank for w in self.workers if w.rank is not None})
+
+    @property
+    def root_causes(self) -> list[RootCause]:
+        return [a.root_cause for a in self.attempts if a.root_cause is not None]
+
+    @property
+    def restart_count(self) -> int:
+        return max([a.restart for a in self.attempts], default=0)
+
+
+# ---- grouping the records by run ---------------------------------------------------------------------------
+
+
+def _run_of(proc: Proc, attrs: dict[str, Any]) -> str | None:
+    run = proc.run_id or attrs.get("torchelastic.run_id")
+    return None if run is None else str(run)
+
+
+def split_runs(tel: Telemetry) -> list[Job]:
+    """One ``Job`` per run id; records without one join the run of their trace, or the only run there is."""
+    by_trace: dict[str, str] = {}
+    for span in tel.spans:
+        run = _run_of(span.proc, span.attrs)
+        if run is not None:
+            by_trace.setdefault(span.trace_id, run)
+    runs = {r for r in by_trace.values()} | {p.proc.run_id for p in tel.points if p.proc.run_id}
+    runs |= {r for r in (_run_of(rec.proc, rec.attrs) for rec in tel.logs) if r}
+    only = next(iter(runs)) if len(runs) == 1 else None
+    jobs: dict[str | None, Job] = {}
+
+    def job(run: str | None) -> Job:
+        if run not in jobs:
+            jobs[run] = Job(run, [], [], [])
+        return jobs[run]
+
+    for span in tel.spans:
+        job(_run_of(span.proc, span.attrs) or by_trace.get(span.trace_id) or only).spans.append(span)
+    for rec in tel.logs:
+        job(_run_of(rec.proc, rec.attrs) or by_trace.get(rec.trace_id) or only).logs.append(rec)
+    for point in tel.points:
+        job(point.proc.run_id or only).points.append(point)
+    return sorted(jobs.values(), key=lambda j: (j.run_id is None, _first_time(j)))
+
+
+def _first_time(job: Job) -> int:
+    times = [s.start for s in job.spans if s.start] + [r.time for r in job.logs if r.time]
+    return min(times, default=0)
+
+
+# ---- building one job ---------------------------------------------------------------------------------------
+
+
+def build(tel: Telemetry) -> list[Job]:
+    """Every run in ``tel``, built."""
+    jobs = split_runs(tel)
+    for job in jobs:
+        _build_job(job)
+    return jobs
+
+
+def _build_job(job: Job) -> None:
+    times = [t for s in job.spans for t in (s.start, s.end) if t] + [r.time for r in job.logs if r.time]
+    times += [p.time for p in job.points if p.time]
+    job.start, job.end = (min(times), max(times)) if times else (0, 0)
+    job.agents = _agents(job)
+    _attach_workers(job)
+    for attempt in job.attempts:
+        _finish_attempt(job, attempt)
+    job.restarts = _restarts(job)
+    job.outcome = _outcome(job)
+
+
+def _agent_procs(job: Job) -> list[Proc]:
+    procs = {s.proc for s in job.spans if s.name in ("torchelastic.run", "torchelastic.attempt")}
+    procs |= {r.proc for r in job.logs if r.proc.kind == "agent"}
+    procs |= {s.proc for s in job.spans if s.proc.kind == "agent"}
+    return sorted(procs, key=lambda p: (p.host, p.pid or 0))
+
+
+def _agents(job: Job) -> list[Agent]:
+    agents = []
+    by_proc: dict[Proc, list[Span]] = collections.defaultdict(list)
+    for span in job.spans:
+        by_proc[span.proc].append(span)
+    for proc in _agent_procs(job):
+        spans = by_proc[proc]
+        agent = Agent(proc.host, proc)
+        for run in (s for s in spans if s.name == "torchelastic.run"):
+            agent.run_state = as_str(run.attrs.get("torchelastic.run.state")) or agent.run_state
+        attempts = sorted((s for s in spans if s.name == "torchelastic.attempt"), key=lambda s: s.start)
+        agent.attempts = [_attempt(s, spans) for s in attempts]
+        times = [t for s in spans for t in (s.start, s.end)]
+        agent.start, agent.end = (min(times), max(times)) if times else (job.start, job.end)
+        agents.append(agent)
+    if not any(a.attempts for a in agents):
+        agents = [Agent(_only_host(job), agents[0].proc if agents else None, _attempts_from_workers(job))]
+    return agents
+
+
+def _only_host(job: Job) -> str:
+    hosts = {s.proc.host for s in job.spans} | {r.proc.host for r in job.logs}
+    return hosts.pop() if len(hosts) == 1 else ""
+
+
+def _attempt(span: Span, agent_spans: list[Span]) -> Attempt:
+    attempt = Attempt(
+        restart=as_int(span.attrs.get("torchelastic.restart_count")) or 0,
+        start=span.start,
+        end=span.end,
+        failed=span.failed,
+        status=span.status_message,
+        host=span.proc.host,
+        span_id=span.span_id,
+    )
+    attempt.rendezvous = [
+        (s.start, s.end) for s in agent_spans if s.parent_id == span.span_id and s.name == "torchelastic.rendezvous"
+    ]
+    return attempt
+
+
+def _attempts_from_workers(job: Job) -> list[Attempt]:
+    """Without the agent's spans: one attempt per restart count the workers (or the agent's records) tell."""
+    restarts: dict[int, list[int]] = collections.defaultdict(list)
+    for proc, time in [(s.proc, s.start) for s in job.spans] + [(r.proc, r.time) for r in job.logs]:
+        if proc.kind == "worker" and proc.restart is not None:
+            restarts[proc.restart].append(time)
+    for rec in job.logs:
+        if rec.name == FAILURE_EVENT:
+            restarts[as_int(rec.attrs.get("torchelastic.restart_count")) or 0].append(rec.time)
+    return [
+        Attempt(restart=r, start=min(ts), end=max(ts), ended=False)
+        for r, ts in sorted(restarts.items())
+    ] or [Attempt(restart=0, start=job.start, end=job.end, ended=False)]
+
+
+# ---- workers --------------------------------------------------------------------------------------------------
+
+
+def _attach_workers(job: Job) -> None:
+    runs: dict[tuple[str, int, int | None], WorkerRun] = {}
+    by_proc: dict[Proc, WorkerRun] = {}  # every resource a worker's records came with (its output may have its own)
+    for proc in {r.proc for r in job.logs} | {s.proc for s in job.spans} | {p.proc for p in job.points}:
+        if proc.kind == "worker":
+            key = (proc.host, proc.restart or 0, proc.rank)
+            run = runs.setdefault(key, WorkerRun(proc.rank, key[1], proc.host, proc.local_rank, proc.pid, proc))
+            by_proc[proc] = run
+    _worker_records(job, runs, by_proc)
+    for failure in _failures(job):
+        key = (failure.host, failure.restart, failure.rank)
+        if key not in runs:
+            key = next((k for k in runs if k[1:] == key[1:]), key)  # the agent's host name may differ
+        run = runs.setdefault(key, WorkerRun(failure.rank, failure.restart, failure.host, failure.local_rank))
+        _apply_failure(run, failure)
+        _attempt_for(job, run).failures.append(failure)
+    for run in sorted(runs.values(), key=lambda w: (w.restart, w.rank if w.rank is not None else -1)):
+        attempt = _attempt_for(job, run)
+        attempt.workers.append(run)
+
+
+def _worker_records(
+    job: Job, runs: dict[tuple[str, int, int | None], WorkerRun], by_proc: dict[Proc, WorkerRun]
+) -> None:
+    """What each worker process recorded itself: its spans, exception, SIGTERM stack, output lines, time span."""
+    for span in job.spans:
+        run = by_proc.get(span.proc)
+        if run is None:
+            continue
+        _seen(run, span.start, span.end)
+        if span.name == "torchelastic.worker.start":
+            run.start = span.start if not run.start else min(run.start, span.start)
+            run.parent_span = span.parent_id
+            run.proc, run.pid = span.proc, span.proc.pid  # the worker's own process
+        else:
+            run.spans.append(span)
+    for rec in job.logs:
+        run = by_proc.get(rec.proc)
+        if run is None:
+            _agent_status(rec, runs)
+            continue
+        _seen(run, rec.time, rec.time)
+        if rec.name == EXCEPTION_EVENT:
+            run.exception = _exc_line(rec.attrs)
+            run.stacktrace = as_str(rec.attrs.get("exception.stacktrace"))
+            run.state = "failed"
+            run.failed_at = rec.time
+        elif rec.name == TERMINATED_EVENT:
+            run.stack = as_str(rec.attrs.get("torchelastic.stack"))
+            run.state = "terminated"
+        if IOSTREAM in rec.attrs:
+            run.output.append(rec)
+    for run in runs.values():
+        run.output = sorted(run.output, key=lambda r: r.time)[-_MAX_OUTPUT_LINES:]
+
+
+def _agent_status(rec: LogRecord, runs: dict[tuple[str, int, int | None], WorkerRun]) -> None:
+    """The agent's worker status events (START, SUCCEEDED, FAILED) name workers even without their own telemetry."""
+    if not rec.name.startswith("torchelastic.worker.status.") or rec.attrs.get("torchelastic.source") != "WORKER":
+        return
+    rank = as_int(rec.attrs.get("torchelastic.global_rank"))
+    restart = as_int(rec.attrs.get("torchelastic.agent_restarts")) or 0
+    if rank is None:
+        return
+    key = next((k for k in runs if k[1:] == (restart, rank)), (rec.proc.host, restart, rank))
+    local_rank = as_int(rec.attrs.get("torchelastic.metadata.local_rank"))
+    run = runs.setdefault(key, WorkerRun(rank, restart, rec.proc.host, local_rank))
+    run.pid = run.pid or as_int(rec.attrs.get("torchelastic.worker_id"))
+    if rec.name.endswith(".SUCCEEDED") and run.state == "unknown":
+        run.state = "succeeded"
+
+
+def _seen(run: WorkerRun, start: int, end: int) -> None:
+    if start:
+        run.first_seen = min(run.first_seen or start, start)
+    run.last_seen = max(run.last_seen, end or 0)
+
+
+def _exc_line(attrs: dict[str, Any]) -> str:
+    kind, message = as_str(attrs.get("exception.type")), as_str(attrs.get("exception.message"))
+    return f"{kind}: {message}" if kind and message else kind or message
+
+
+def _failures(job: Job) -> list[Failure]:
+    """The agent's ``torchelastic.worker.failure`` records (or, without logs, the span events of the same name)."""
+    records = [(r.time, r.attrs, r.proc) for r in job.logs if r.name == FAILURE_EVENT]
+    if not records:
+        records = [(e.time, e.attrs, s.proc) for s in job.spans for e in s.events if e.name == FAILURE_EVENT]
+    return [_failure(time, attrs, proc.host) for time, attrs, proc in records]
+
+
+def _failure(time: int, attrs: dict[str, Any], host: str) -> Failure:
+    return Failure(
+        rank=as_int(attrs.get("torchelastic.global_rank")),
+        local_rank=as_int(attrs.get("torchelastic.local_rank")),
+        restart=as_int(attrs.get("torchelastic.restart_count")) or 0,
+        time=time,
+        exit_code=as_int(attrs.get("torchelastic.exit_code")),
+        signal=as_str(attrs.get("torchelastic.signal")),
+        exc_type=as_str(attrs.get("exception.type")),
+        exc_message=as_str(attrs.get("exception.message")),
+        stacktrace=as_str(attrs.get("exception.stacktrace")),
+        host=host,
+        pid=as_int(attrs.get("torchelastic.worker_pid")),
+    )
+
+
+def _apply_failure(run: WorkerRun, failure: Failure) -> None:
+    run.exit_code, run.signal = failure.exit_code, failure.signal
+    run.pid = failure.pid or run.pid  # the agent knows its worker's pid
+    run.state = "terminated" if failure.stopped_by_agent else "failed"
+    run.end = failure.time
+    if not run.exception and failure.exc_type:
+        run.exception = f"{failure.exc_type}: {failure.exc_message}"
+        run.stacktrace = failure.stacktrace
+
+
+def _attempt_for(job: Job, run: WorkerRun) -> Attempt:
+    attempts = job.attempts
+    for attempt in attempts:
+        if run.parent_span and attempt.span_id == run.parent_span:
+            return attempt
+    same_restart = [a for a in attempts if a.restart == run.restart]
+    for attempt in same_restart:
+        if attempt.host == run.host:
+            return attempt
+    if same_restart:
+        return same_restart[0]
+    attempt = Attempt(restart=run.restart, start=run.first_seen or job.start, end=run.last_seen or job.end, ended=False)
+    job.agents[0].attempts.append(attempt)
+    job.agents[0].attempts.sort(key=lambda a: a.restart)
+    return attempt
+
+
+# ---- attempts: times, states, root cause ----------------------------------------------------------------------
+
+
+def _finish_attempt(job: Job, attempt: Attempt) -> None:
+    for run in attempt.workers:
+        run.start = run.start or run.first_seen or attempt.start
+        if run.state in ("failed", "terminated") and run.end:
+            pass
+        elif attempt.ended and attempt.end:
+            run.end = attempt.end
+            if run.state == "unknown":
+                run.state = "stopped" if attempt.failed else "succeeded"
+        else:
+            run.end = max(run.last_seen, run.start)
+            if run.state == "unknown":
+                run.state = "running"
+        run.end = max(run.end, run.start)
+    attempt.failed = attempt.failed or any(w.state == "failed" for w in attempt.workers)
+    if not attempt.ended and attempt.workers and all(w.state in _FINAL for w in attempt.workers):
+        attempt.ended = True  # no attempt span (no traces), but every worker's end is known
+    attempt.root_cause = _root_cause_record(job, attempt) or _derived_root_cause(attempt)
+    if attempt.root_cause is not None:
+        cause = attempt.root_cause
+        for run in attempt.workers:
+            if run.rank == cause.rank:
+                run.root_cause = True
+                if not cause.stacktrace:
+                    cause.stacktrace = run.stacktrace
+                cause.output = output_lines(run, cause.stacktrace)
+
+
+def output_lines(run: WorkerRun, stacktrace: str = "") -> list[str]:
+    """The worker's last output lines (``[stdout] ...``), less those repeating its traceback, shown beside it."""
+    shown = set(line.strip() for line in (stacktrace or run.stacktrace).splitlines())
+    lines = []
+    for rec in run.output:
+        text = str(rec.body)
+        bare = text.split("]: ", 1)[1] if text.startswith("[rank") and "]: " in text else text  # torchrun's prefix
+        if bare.strip() and bare.strip() not in shown:
+            lines.append(f"[{rec.attrs.get(IOSTREAM)}] {text}")
+    return lines
+
+
+_RC = "torchelastic.root_cause."
+_FINAL = ("succeeded", "failed", "terminated")
+
+
+def _root_cause_record(job: Job, attempt: Attempt) -> RootCause | None:
+    """The agent's own verdict: a ``torchelastic.root_cause`` record, or its attributes on the attempt span."""
+    records = [
+        r for r in job.logs
+        if r.name == ROOT_CAUSE_EVENT and (as_int(r.attrs.get("torchelastic.restart_count")) or 0) == attempt.restart
+    ]  # fmt: skip
+    records.sort(key=lambda r: r.proc.host != attempt.host)  # this agent's own verdict first
+    if records:
+        return _from_root_cause_attrs(records[0].attrs, attempt, records[0].time, records[0].proc.host)
+    for span in job.spans:
+        if span.span_id == attempt.span_id and _RC + "rank" in span.attrs:
+            return _from_root_cause_attrs(span.attrs, attempt, span.end, span.proc.host)
+    return None
+
+
+def _from_root_cause_attrs(attrs: dict[str, Any], attempt: Attempt, time: int, host: str) -> RootCause:
+    consequences = attrs.get(_RC + "consequences") or []
+    return RootCause(
+        rank=as_int(attrs.get(_RC + "rank")),
+        local_rank=as_int(attrs.get(_RC + "local_rank")),
+        restart=attempt.restart,
+        time=as_int(attrs.get(_RC + "time_unix_nano")) or time,
+        exit_code=as_int(attrs.get("process.exit.code")),
+        signal=as_str(attrs.get(_RC + "signal")),
+        exc_type=as_str(attrs.get("exception.type")),
+        exc_message=as_str(attrs.get("exception.message")),
+        stacktrace=as_str(attrs.get("exception.stacktrace")),
+        host=as_str(attrs.get("host.name")) or host,
+        pid=as_int(attrs.get("process.pid")),
+        consequences=[r for r in (as_int(c) for c in _as_list(consequences)) if r is not None],
+        source="record",
+    )
+
+
+def _as_list(raw: Any) -> list[Any]:
+    return list(raw) if isinstance(raw, (list, tuple)) else [raw]
+
+
+def _derived_root_cause(attempt: Attempt) -> RootCause | None:
+    """The failed rank the agent did not stop itself that failed first (by its exception, else by detection)."""
+    if not attempt.failures:
+        return None
+    runs = {w.rank: w for w in attempt.workers}
+
+    def when(f: Failure) -> tuple[bool, int, int]:
+        run = runs.get(f.rank)
+        own = run.failed_at if run is not None and run.failed_at else f.time
+        return (f.stopped_by_agent, own, f.rank if f.rank is not None else 1 << 30)
+
+    first = min(attempt.failures, key=when)
+    run = runs.get(first.rank)
+    exc_type, _, exc_message = (run.exception if run is not None else "").partition(": ")
+    return RootCause(
+        rank=first.rank,
+        local_rank=first.local_rank,
+        restart=attempt.restart,
+        time=when(first)[1],
+        exit_code=first.exit_code,
+        signal=first.signal,
+        exc_type=first.exc_type or exc_type,
+        exc_message=first.exc_message or exc_message,
+        stacktrace=first.stacktrace or (run.stacktrace if run is not None else ""),
+        host=first.host,
+        pid=first.pid,
+        consequences=sorted({f.rank for f in attempt.failures if f.rank is not None and f.rank != first.rank}),
+    )
+
+
+def _restarts(job: Job) -> list[Restart]:
+    spans = [s for s in job.spans if s.name == RESTART_EVENT]
+    if spans:
+        items: Iterable[tuple[int, dict[str, Any], Proc]] = [(s.start, s.attrs, s.proc) for s in spans]
+    else:
+        items = [(r.time, r.attrs, r.proc) for r in job.logs if r.name == RESTART_EVENT]
+    return sorted(
+        (
+            Restart(time, as_int(attrs.get("torchelastic.restart_count")),
+                    as_str(attrs.get("torchelastic.restart.reason") or attrs.get("torchelastic.reason")), proc.host)
+            for time, attrs, proc in items
+        ),
+        key=lambda r: r.time,
+    )  # fmt: skip
+
+
+def _outcome(job: Job) -> str:
+    states = {a.run_state for a in job.agents if a.run_state}
+    last = max(job.attempts, key=lambda a: (a.restart, a.start), default=None)
+    if "FAILED" in states or (last is not None and last.failed and last.ended):
+        return "FAILED"
+    if states == {"SUCCEEDED"} or (not states and last is not None and last.ended and not last.failed):
+        return "SUCCEEDED"
+    if last is not None and not last.ended:
+        return "UNFINISHED"
+    return states.pop() if len(states) == 1 else "UNKNOWN"

@@ -1,0 +1,127 @@
+"""The plain records a report is built from: spans, log records and metric points, each with its process.
+
+The reader (``otlpjson``) turns OTLP JSON into these once, so the model and the renderers never see the wire
+format: times are integers in ns since the epoch, ids lower-case hex, attribute values plain Python values.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+#: OTLP's status code of a failed span (``STATUS_CODE_ERROR``).
+STATUS_ERROR = 2
+#: ``SeverityNumber`` ranges (OTLP logs data model): WARN 13-16, ERROR 17-20, FATAL 21-24.
+SEVERITY_WARN, SEVERITY_ERROR = 13, 17
+
+
+@dataclass(frozen=True, slots=True)
+class Proc:
+    """One process, as its resource tells it: a torchrun agent, one worker (rank, restart) or anything else."""
+
+    kind: str  # "agent" | "worker" | "process"
+    host: str
+    pid: int | None
+    run_id: str | None
+    rank: int | None
+    local_rank: int | None
+    restart: int | None
+    service: str
+
+    @property
+    def label(self) -> str:
+        """How the report names the process: ``rank 1, restart 0``, ``agent vm`` or ``<service> pid N``."""
+        if self.kind == "worker":
+            return f"rank {self.rank}, restart {self.restart}"
+        if self.kind == "agent":
+            return f"agent {self.host}"
+        return f"{self.service} pid {self.pid}" if self.pid is not None else self.service
+
+
+@dataclass(slots=True)
+class SpanEvent:
+    name: str
+    time: int
+    attrs: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Span:
+    trace_id: str
+    span_id: str
+    parent_id: str
+    name: str
+    start: int
+    end: int
+    attrs: dict[str, Any]
+    status_code: int
+    status_message: str
+    events: list[SpanEvent]
+    proc: Proc
+
+    @property
+    def failed(self) -> bool:
+        return self.status_code == STATUS_ERROR
+
+
+@dataclass(slots=True)
+class LogRecord:
+    time: int  # the record's time, or its observed time when the writer left it out
+    severity: int
+    severity_text: str
+    body: Any
+    event_name: str
+    attrs: dict[str, Any]
+    trace_id: str
+    span_id: str
+    proc: Proc
+
+    @property
+    def name(self) -> str:
+        """The event name, or (torch's events before ``event_name`` existed) a string body."""
+        return self.event_name or (self.body if isinstance(self.body, str) and len(self.body) < 200 else "")
+
+
+@dataclass(slots=True)
+class Point:
+    """One data point of a metric; ``value`` is the number a chart plots (a histogram's mean)."""
+
+    name: str
+    kind: str  # "gauge" | "sum" | "histogram" | "exponential_histogram" | "summary"
+    unit: str
+    time: int
+    value: float | None
+    attrs: dict[str, Any]
+    proc: Proc
+    monotonic: bool = False
+    count: int | None = None
+
+
+@dataclass
+class Problems:
+    """What could not be read as it was: counted by reason, with the first few places (``file:line: what``)."""
+
+    counts: collections.Counter[str] = field(default_factory=collections.Counter)
+    examples: list[str] = field(default_factory=list)
+    max_examples: int = 20
+
+    def add(self, reason: str, where: str, detail: str = "", n: int = 1) -> None:
+        self.counts[reason] += n
+        if len(self.examples) < self.max_examples:
+            self.examples.append(f"{where}: {reason}{': ' + detail if detail else ''}")
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+
+@dataclass
+class Telemetry:
+    """Everything read from a set of files."""
+
+    spans: list[Span] = field(default_factory=list)
+    logs: list[LogRecord] = field(default_factory=list)
+    points: list[Point] = field(default_factory=list)
+    problems: Problems = field(default_factory=Problems)
+    files: list[str] = field(default_factory=list)
+    lines: int = 0

@@ -1,0 +1,210 @@
+"""The report as text for a terminal: outcome, timeline, root cause and restarts, trace tree, metric table.
+
+Plain text (colour only on a terminal that wants it: not with ``NO_COLOR``), at most ``width`` columns in the
+timeline and tables; long tracebacks keep their last lines, which say where it failed.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from typing import IO
+
+from torchelastic_otel.report import metrics as metrics_mod
+from torchelastic_otel.report import timeline, tree
+from torchelastic_otel.report.model import Attempt, Job, RootCause
+from torchelastic_otel.report.records import Problems, Telemetry
+
+_LABEL = 16  # width of the row labels of the timeline
+_TRACEBACK_LINES = 14
+_FILL = {"succeeded": "█", "running": "█", "unknown": "█", "failed": "▓", "terminated": "░", "stopped": "░"}
+_RED, _YELLOW, _GREEN, _DIM, _RESET = "\033[31m", "\033[33m", "\033[32m", "\033[2m", "\033[0m"
+
+
+def use_color(stream: IO[str]) -> bool:
+    return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+class Text:
+    """Lines being written, with colour when wanted."""
+
+    def __init__(self, color: bool) -> None:
+        self.lines: list[str] = []
+        self.color = color
+
+    def paint(self, text: str, code: str) -> str:
+        return f"{code}{text}{_RESET}" if self.color else text
+
+    def add(self, line: str = "") -> None:
+        self.lines.append(line)
+
+    def heading(self, title: str) -> None:
+        self.add()
+        self.add(self.paint(title, "\033[1m"))
+
+
+def render(tel: Telemetry, jobs: list[Job], width: int = 100, color: bool = False) -> str:
+    out = Text(color)
+    out.add(f"read {len(tel.files)} file(s): {len(tel.spans):,} spans, {len(tel.logs):,} log records, "
+            f"{len(tel.points):,} metric points")  # fmt: skip
+    for job in jobs:
+        _job(out, tel, job, width)
+    _problems(out, tel.problems)
+    return "\n".join(out.lines)
+
+
+def outcome_line(job: Job) -> str:
+    restarts = job.restart_count
+    after = f" after {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""
+    hosts = sorted({a.host for a in job.agents if a.host})
+    seconds = (job.end - job.start) / 1e9
+    on = f" on {', '.join(hosts)}" if hosts else ""
+    return (
+        f"run {job.run_id or '(no run id)'}: {job.outcome}{after} -- {len(job.ranks)} ranks, "
+        f"{len(job.attempts)} attempts, {seconds:.1f} s, {len(job.agents)} agent(s){on}"
+    )
+
+
+def _job(out: Text, tel: Telemetry, job: Job, width: int) -> None:
+    code = _GREEN if job.outcome == "SUCCEEDED" else _RED if job.outcome == "FAILED" else _YELLOW
+    out.heading(out.paint(outcome_line(job), code))
+    _timeline(out, job, width)
+    _root_causes(out, job)
+    out.heading("TRACE")
+    for line in tree.render(job.spans, max_lines=80):
+        out.add(line)
+    _metrics(out, job, width)
+
+
+# ---- timeline --------------------------------------------------------------------------------------------------
+
+
+def _timeline(out: Text, job: Job, width: int) -> None:
+    rows, left_out = timeline.rows(job, max_rows=48)
+    if not rows or job.end <= job.start:
+        return
+    plot = max(30, width - _LABEL - 1)
+    span = job.end - job.start
+
+    def col(t: int) -> int:
+        return min(plot - 1, max(0, int((t - job.start) * (plot - 1) / span)))
+
+    out.heading(f"TIMELINE  (one column = {span / 1e9 / plot:.2f} s)")
+    out.add(" " * _LABEL + _axis(plot, span))
+    for row in rows:
+        cells = [" "] * plot
+        paint: dict[int, str] = {}
+        for bar in row.bars:
+            _draw(cells, paint, bar, col)
+        for mark in row.marks:
+            at = col(mark.time)
+            cells[at] = mark.label[0]
+            paint[at] = _YELLOW if mark.cls in ("restart", "terminated") else _RED
+        line = "".join(out.paint(c, paint[i]) if i in paint else c for i, c in enumerate(cells))
+        out.add(f"{row.label[:_LABEL - 1]:<{_LABEL}}{line.rstrip()}")
+    if left_out:
+        out.add(f"... {left_out} more rows")
+    out.add(out.paint("  █ ran  ▓ failed  ✗ root cause  ░ stopped by the agent  ↻ restart  |attempt|", _DIM))
+
+
+def _axis(plot: int, span: int) -> str:
+    axis = [" "] * plot
+    for i in range(5):
+        at = round(i * (plot - 1) / 4)
+        text = f"{span / 1e9 * i / 4:.1f}s"
+        at = min(at, plot - len(text))
+        axis[at : at + len(text)] = list(text)
+    return "".join(axis)
+
+
+def _draw(cells: list[str], paint: dict[int, str], bar: timeline.Bar, col: object) -> None:
+    first, last = col(bar.start), col(bar.end)  # type: ignore[operator]
+    if bar.cls.startswith("attempt"):
+        for i in range(first, last + 1):
+            cells[i] = "─"
+        cells[first] = "|"
+        text = bar.label[: max(0, last - first - 1)]
+        cells[first + 1 : first + 1 + len(text)] = list(text)
+        if "failed" in bar.cls:
+            for i in range(first, last + 1):
+                paint[i] = _RED
+        return
+    state = bar.data.get("state", "unknown")
+    for i in range(first, last + 1):
+        cells[i] = _FILL.get(state, "█")
+        paint[i] = _RED if state == "failed" else _YELLOW if state in ("terminated", "stopped") else _GREEN
+
+
+# ---- root cause ---------------------------------------------------------------------------------------------
+
+
+def _root_causes(out: Text, job: Job) -> None:
+    failed = [a for a in job.attempts if a.failed]
+    if not failed and not job.restarts:
+        return
+    out.heading("ROOT CAUSE" if failed else "RESTARTS")
+    for attempt in failed:
+        cause = attempt.root_cause
+        if cause is None:
+            out.add(f"attempt {attempt.restart}: failed ({attempt.status or 'no failure records in these files'})")
+            continue
+        out.add(out.paint(f"attempt {attempt.restart}: {cause.headline}", _RED))
+        _cause_details(out, cause)
+        for restart in job.restarts:
+            if restart.restart == attempt.restart + 1:
+                following = [a for a in job.attempts if a.restart == restart.restart]
+                result = f" -> {_how_it_went(following[0])}" if following else ""
+                out.add(f"  ↻ restart {restart.restart} at {timeline.seconds(job, restart.time)} "
+                        f"(reason: {restart.reason or '?'}): attempt {restart.restart}{result}")  # fmt: skip
+
+
+def _how_it_went(attempt: Attempt) -> str:
+    return "failed" if attempt.failed else "succeeded" if attempt.ended else "running"
+
+
+def _cause_details(out: Text, cause: RootCause) -> None:
+    if cause.consequences:
+        out.add(f"  then failed or stopped: rank{'s' if len(cause.consequences) > 1 else ''} "
+                f"{', '.join(map(str, cause.consequences))}")  # fmt: skip
+    if cause.source == "derived":
+        out.add(out.paint("  (chosen from the agent's failure records: the first rank not stopped by the agent)", _DIM))
+    trace = cause.stacktrace.rstrip().splitlines()
+    if trace:
+        if len(trace) > _TRACEBACK_LINES:
+            out.add(f"    ... {len(trace) - _TRACEBACK_LINES} lines")
+        for line in trace[-_TRACEBACK_LINES:]:
+            out.add("    " + line)
+    if cause.output:
+        out.add("  last output lines of the rank:")
+        for line in cause.output[-8:]:
+            out.add("    " + textwrap.shorten(line, 160, placeholder="..."))
+
+
+# ---- metrics ---------------------------------------------------------------------------------------------------
+
+
+def _metrics(out: Text, job: Job, width: int) -> None:
+    all_streams = metrics_mod.streams(job.points)
+    if not all_streams:
+        return
+    table = metrics_mod.table(all_streams, max_rows=60, max_ranks=8)
+    out.heading("METRICS  (last value in the agent and in each rank's latest worker; a distribution's mean)")
+    cell = 14
+    name_width = max(24, width - cell * len(table.columns))
+    out.add(f"{'metric':<{name_width}}" + "".join(f"{c[:cell - 1]:>{cell}}" for c in table.columns))
+    for stream, cells in table.rows:
+        label = stream.short_label
+        label = label if len(label) < name_width else label[: name_width - 4] + "..."
+        out.add(f"{label:<{name_width}}" + "".join(f"{c[:cell - 1]:>{cell}}" for c in cells))
+    if table.left_out_rows or table.left_out_columns:
+        out.add(f"... {table.left_out_rows} more metric streams, {table.left_out_columns} more ranks "
+                "(see the HTML report)")  # fmt: skip
+
+
+def _problems(out: Text, problems: Problems) -> None:
+    if not problems:
+        return
+    out.heading("SKIPPED  (input that could not be read as OTLP JSON Lines; counted, not lost silently)")
+    out.add(", ".join(f"{reason}: {n}" for reason, n in sorted(problems.counts.items())))
+    for example in problems.examples[:10]:
+        out.add("  " + example)
