@@ -73,8 +73,10 @@ def failed_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
 
 
 def _worker_pid(outcome: dict[str, Any], rank: int) -> int:
+    """The pid of the worker itself (its exception record; output records come from a helper process of it)."""
     pids = {log["resource"].get("process.pid") for log in outcome["logs"]
-            if is_worker(log) and log["resource"]["torchelastic.rank"] == rank}  # fmt: skip
+            if is_worker(log) and log["resource"]["torchelastic.rank"] == rank
+            and log["event_name"] == "torchelastic.worker.exception"}  # fmt: skip
     pids.discard(None)
     assert len(pids) == 1, pids
     return pids.pop()

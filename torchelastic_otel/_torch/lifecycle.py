@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import socket
 import time
 from typing import Any, Callable
 
@@ -36,7 +37,6 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from torchelastic_otel import _compat, _selftelemetry, pipeline
 from torchelastic_otel._torch import root_cause
 from torchelastic_otel._torch.patches import Patches
-from torchelastic_otel.events import _fqdn
 from torchelastic_otel.events import _otel as event_adapter
 from torchelastic_otel.events.api import Event, EventSource
 from torchelastic_otel.metrics.api import MetricData
@@ -320,7 +320,7 @@ def _report_root_cause(agent: Any, state: _AgentState, worker_group: Any, failur
     cause = root_cause.find(failures, running, os.environ.get(root_cause.FAILURE_DIR_ENV))
     if cause is None:
         return
-    host = _fqdn()
+    host = socket.gethostname()  # as OpenTelemetry's host.name (getfqdn may say localhost)
     attributes = {**root_cause.attributes(cause), "host.name": host}
     metadata = {
         "state": "FAILED",

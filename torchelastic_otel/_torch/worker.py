@@ -11,7 +11,10 @@ carries the run, role and ranks (``torchelastic_otel.resource``). Here:
   collective, ``init_process_group``), where a Python handler would not run before the agent's SIGKILL
   (``_signals``); the process then dies of SIGTERM as it would without the bridge;
 - an uncaught exception is exported as a ``torchelastic.worker.exception`` event (ERROR, with the traceback) and
-  flushed at once: after gloo use the interpreter may abort at exit before ``atexit`` would run.
+  flushed at once: after gloo use the interpreter may abort at exit before ``atexit`` would run;
+- Python ``logging`` records become log records (``worker_logging``). The worker's stdout and stderr are captured
+  earlier, at interpreter start-up (``output``, from the bootstrap ``sitecustomize``): not here, because
+  ``install()`` may run in a process that is no torchrun worker process of its own (tests, a launcher).
 """
 
 from __future__ import annotations
@@ -26,12 +29,11 @@ from types import FrameType
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from torchelastic_otel import _deferred, _runtime, _signals, _stacks, pipeline
-from torchelastic_otel._torch import root_cause
+from torchelastic_otel._torch import root_cause, worker_logging
 from torchelastic_otel._torch.patches import Patches
+from torchelastic_otel._torch.worker_env import agent_context, is_torchrun_worker
 from torchelastic_otel.events import _otel as event_adapter
 from torchelastic_otel.events.api import Event, EventSource
 from torchelastic_otel.version import __version__
@@ -40,8 +42,14 @@ from torchelastic_otel.version import __version__
 FLUSH_TIMEOUT_MILLIS = pipeline.EXIT_TIMEOUT_MILLIS
 
 
-def is_torchrun_worker() -> bool:
-    return "RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+__all__ = ["install", "is_torchrun_worker", "attempt_context"]
+
+_attempt: list[Any] = [None]
+
+
+def attempt_context() -> Any:
+    """The context of the agent's attempt span this worker joined (``None`` if it joined none)."""
+    return _attempt[0]
 
 
 def _worker_metadata() -> dict[str, Any]:
@@ -58,14 +66,8 @@ def _worker_metadata() -> dict[str, Any]:
 
 
 def _join_agent_trace(patches: Patches) -> None:
-    traceparent = os.environ.get("TRACEPARENT")
-    if not traceparent:
-        return
-    carrier = {"traceparent": traceparent}
-    if os.environ.get("TRACESTATE"):
-        carrier["tracestate"] = os.environ["TRACESTATE"]
-    ctx = TraceContextTextMapPropagator().extract(carrier)
-    if not trace.get_current_span(ctx).get_span_context().is_valid:
+    ctx = agent_context()
+    if ctx is None:
         return
     start_ns, end_ns = _process_start_ns(), time.time_ns()
     attributes = {f"torchelastic.{k}": str(v) for k, v in _worker_metadata().items() if v is not None}
@@ -78,7 +80,13 @@ def _join_agent_trace(patches: Patches) -> None:
 
     _deferred.when_built(start_span)  # a worker's pipeline is set up after its start-up (``_deferred``)
     token = otel_context.attach(ctx)
-    patches.on_restore(lambda: otel_context.detach(token))
+    _attempt[0] = ctx
+
+    def leave() -> None:
+        _attempt[0] = None
+        otel_context.detach(token)
+
+    patches.on_restore(leave)
 
 
 def _process_start_ns() -> int | None:
@@ -151,3 +159,4 @@ def install(patches: Patches) -> None:
     _join_agent_trace(patches)
     _install_sigterm(patches)
     _install_excepthook(patches)
+    worker_logging.install(patches, attempt_context)

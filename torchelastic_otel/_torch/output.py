@@ -1,0 +1,273 @@
+"""Every line a torchrun worker writes to stdout and stderr becomes an OpenTelemetry log record.
+
+Started at the worker's interpreter start-up (the bridge's ``sitecustomize``), before the training script and
+torch's import print anything. Fds 1 and 2 become pipes -- ptys where they were a terminal, so ``isatty()``, the
+terminal size, colours and C stdio's line buffering stay what they were -- and two small processes are forked:
+
+- the pass-through process (``output_passthrough``) reads the pipes and writes every byte to where fds 1 and 2
+  pointed before, at once and first; it outlives the worker until every writer has closed the pipes, so nothing
+  the worker wrote is lost from the console, whatever it died of;
+- the record process (``output_records``) gets the bytes from it and turns lines into records
+  (``output_lines``: cut, rate-limited, the last lines kept).
+
+So the capture sits beneath whatever torchrun set up for the worker: the console, ``--tee`` / ``--redirects`` /
+``--log-dir`` files and ``--local-ranks-filter`` behave as without the bridge, and output of native code (gloo,
+C++ warnings) and of child processes, which write to the same fds, is captured too.
+
+Why not torchrun's ``--logs-specs`` plug-in in the agent: a ``LogsSpecs`` can only name files for a worker's
+streams, so capturing through it turns a worker's terminal into a file or FIFO (``isatty()`` false: no colours,
+progress bars change; C stdio block-buffers native code's output, which then shows up late and dies with a
+crashed worker), it is one launcher route's only (not ``opentelemetry-instrument``'s or a custom launcher's), and
+the agent's one process, its monitor loop included, would do every worker's line work.
+
+The worker's exit and its SIGTERM (``_runtime``'s signal hook) first let the pass-through process catch up with
+everything written so far (:func:`sync`), so a worker's last lines are on the console before the agent reports its
+end. A worker that ends with ``os._exit`` or SIGKILL loses nothing either: the pipes are drained to their end.
+
+``TORCHELASTIC_OTEL_WORKER_OUTPUT=0`` turns it off; ``output_lines.Limits`` lists the bounds.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import os
+import socket
+import sys
+import termios
+import threading
+import time
+import tty
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from torchelastic_otel import _runtime, _stacks
+from torchelastic_otel._config import EXIT_TIMEOUT_MILLIS, sdk_disabled
+from torchelastic_otel._torch.worker_env import is_torchrun_worker
+
+if TYPE_CHECKING:
+    from torchelastic_otel._torch.output_lines import Limits
+
+__all__ = ["start", "sync", "capturing", "ENABLE_ENV", "CAPTURED_ENV"]
+
+ENABLE_ENV = "TORCHELASTIC_OTEL_WORKER_OUTPUT"
+#: Set in a captured worker's environment (the pids of its two output processes): its child processes inherit the
+#: captured fds, so their output is the worker's already and they do not capture it again.
+CAPTURED_ENV = "TORCHELASTIC_OTEL_WORKER_OUTPUT_READER"
+#: How long a worker waits at exit or SIGTERM for its output to be on its way (a reader keeping up answers at once).
+SYNC_MILLIS = min(500, EXIT_TIMEOUT_MILLIS)
+#: A worker's pipes hold this much before a write waits for the reader (Linux's limit for unprivileged users).
+PIPE_BYTES = 1024 * 1024
+
+
+@dataclass
+class _Capture:
+    """The worker's end of a running capture: the pass-through process's pid and the socket that syncs with it."""
+
+    pid: int
+    passthrough_pid: int
+    control: socket.socket
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    token: int = 0
+
+
+_capture: list[_Capture] = []
+
+
+def capturing() -> bool:
+    """Whether this process's output is being captured by a reader it started."""
+    return bool(_capture) and _capture[0].pid == os.getpid()
+
+
+def wanted() -> bool:
+    """A torchrun worker, capture not turned off, not captured by a parent already, and log records exported
+    somewhere but the console (records of console lines printed to the console would be the console twice)."""
+    env = os.environ
+    exporters = {name.strip().lower() for name in env.get("OTEL_LOGS_EXPORTER", "otlp").split(",")}
+    return (
+        is_torchrun_worker()
+        and env.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+        and not env.get(CAPTURED_ENV)
+        and not sdk_disabled()
+        and bool(exporters - {"", "none", "console"})
+        and hasattr(os, "fork")
+    )
+
+
+def start() -> bool:
+    """Capture fds 1 and 2 of this process (see above); ``True`` if started. Never raises: on any failure the
+    worker's output is left exactly as it was."""
+    if _capture or not wanted():
+        return False
+    try:
+        return _start()
+    except Exception as exc:
+        sys.stderr.write(f"torchelastic_otel: worker output not captured: {exc}\n")
+        return False
+
+
+def _start() -> bool:
+    from torchelastic_otel._torch.output_lines import Limits
+
+    limits = Limits.from_env()
+    opened: list[int] = []
+    try:
+        channels = [(index, fd, *_channel(fd, opened)) for index, fd in enumerate((1, 2)) if _is_open(fd)]
+        if not channels:
+            return False
+        frames_read, frames_write = os.pipe()
+        opened += [frames_read, frames_write]
+        _grow(frames_write)
+        control, passthrough_control = socket.socketpair()
+    except OSError:
+        for fd in opened:
+            os.close(fd)
+        raise
+    worker_pid = os.getpid()
+    sockets = (control, passthrough_control)
+    try:
+        records_pid = _fork(lambda: _run_records(opened, sockets, frames_read, worker_pid, limits))
+        passthrough_pid = _fork(lambda: _run_passthrough(channels, opened, sockets, frames_write))
+    except OSError:  # no process could be started: the worker's fds stay as they are (a record process ends)
+        for fd in opened:
+            os.close(fd)
+        for sock in sockets:
+            sock.close()
+        raise
+    passthrough_control.close()
+    os.close(frames_read)
+    os.close(frames_write)
+    for _index, fd, reader_end, worker_end in channels:
+        os.close(reader_end)
+        os.dup2(worker_end, fd)  # inheritable, as fds 1 and 2 are
+        os.close(worker_end)
+    _capture.append(_Capture(worker_pid, passthrough_pid, control))
+    os.environ[CAPTURED_ENV] = f"{passthrough_pid},{records_pid}"
+    atexit.register(_at_exit)  # registered first: runs after the bridge's own exit handler
+    _runtime.add_signal_hook(_on_signal)
+    return True
+
+
+def _fork(child: Callable[[], object]) -> int:
+    """Fork; the child runs ``child`` and ends with ``os._exit`` whatever happens."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child()
+        finally:
+            os._exit(0)
+    return pid
+
+
+def _run_records(opened: list[int], sockets: tuple[socket.socket, socket.socket], frames_read: int, worker_pid: int,
+                 limits: Limits) -> None:  # fmt: skip
+    """The record process keeps only the read end of the frames pipe."""
+    from torchelastic_otel._torch.output_records import serve
+
+    for sock in sockets:
+        sock.close()
+    for fd in opened:
+        if fd != frames_read:
+            os.close(fd)
+    serve(frames_read, worker_pid, limits)
+
+
+def _run_passthrough(channels: list[tuple[int, int, int, int]], opened: list[int],
+                     sockets: tuple[socket.socket, socket.socket], frames_write: int) -> None:  # fmt: skip
+    """The pass-through process keeps the reading ends, copies of the original fds 1 and 2, its end of the
+    control socket and the write end of the frames pipe."""
+    from torchelastic_otel._torch.output_passthrough import Channel, serve
+
+    control, passthrough_control = sockets
+    control.close()
+    ours = [Channel(index, reader_end, os.dup(fd)) for index, fd, reader_end, _worker_end in channels]
+    keep = {frames_write, *(c.read_fd for c in ours)}
+    for fd in opened:
+        if fd not in keep:
+            os.close(fd)
+    serve(ours, passthrough_control.detach(), frames_write)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _channel(fd: int, opened: list[int]) -> tuple[int, int]:
+    """(reader's end, worker's end) for ``fd``: a pty in raw mode with the terminal's size where ``fd`` is a
+    terminal, else a pipe of :data:`PIPE_BYTES`."""
+    if os.isatty(fd):
+        reader_end, worker_end = os.openpty()  # glibc opens the pty with O_NOCTTY: no controlling terminal
+        opened += [reader_end, worker_end]
+        tty.setraw(worker_end)  # bytes unchanged ("\n" stays "\n": the real terminal translates it)
+        try:
+            fcntl.ioctl(worker_end, termios.TIOCSWINSZ, fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
+        except OSError:
+            pass
+        return reader_end, worker_end
+    reader_end, worker_end = os.pipe()
+    opened += [reader_end, worker_end]
+    _grow(worker_end)
+    return reader_end, worker_end
+
+
+def _grow(fd: int) -> None:
+    """Make the pipe of ``fd`` hold :data:`PIPE_BYTES` (the default, 64 KiB, where that is not allowed)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except (AttributeError, OSError):
+        pass
+
+
+def sync(timeout_millis: int = SYNC_MILLIS) -> bool:
+    """Wait (at most ``timeout_millis``) until the reader has passed through everything written before this call.
+
+    ``True`` once it has; ``False`` if it is gone, slow, or this is a forked child (whose parent owns the reader).
+    """
+    if not capturing():
+        return False
+    capture = _capture[0]
+    deadline = time.monotonic() + max(0, timeout_millis) / 1000
+    if not capture.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        return False
+    try:
+        capture.token = capture.token % 255 + 1
+        token = bytes([capture.token])
+        control = capture.control
+        control.settimeout(max(0.001, deadline - time.monotonic()))
+        control.sendall(token)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            control.settimeout(remaining)
+            answer = control.recv(64)
+            if not answer:
+                return False  # the reader is gone
+            if token in answer:
+                return True  # an older answer that came late is skipped
+    except OSError:
+        return False
+    finally:
+        capture.lock.release()
+
+
+def _at_exit() -> None:
+    """What Python still buffers goes out now rather than after the exit handlers, then through the reader."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass
+    sync()
+
+
+def _on_signal(signum: int, stacks: _stacks.Stacks) -> None:
+    """SIGTERM: what the worker wrote is on the console before it dies (Python's buffers are lost, as without
+    the bridge)."""
+    sync()

@@ -1,0 +1,234 @@
+"""A worker's output cut into lines and admitted at a bounded rate: the pure part of the output capture.
+
+The reader process (``output_reader``) hands every chunk it passed through to :class:`Lines`, which returns the
+lines to export. The work per chunk is bounded whatever the worker prints: the newlines are counted in C, only the
+lines the rate limit admits are cut apart one by one, and of the others only the last :data:`TAIL_LINES` are kept
+-- so a print flood never makes the reader fall behind the worker, and a rank's last lines (the traceback after
+the flood) are exported when its output ends, whatever the limit did before.
+
+Lines are what a terminal shows: ``\\r\\n`` ends a line like ``\\n``; a carriage return inside a line (progress bars)
+overwrites it, so the text after the last one is the line. Empty lines are not records.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from dataclasses import dataclass
+
+from torchelastic_otel import _selftelemetry
+
+__all__ = ["Limits", "Line", "Lines", "TAIL_LINES"]
+
+#: The last over-limit lines kept for the end of a worker's output (exported when it ends, never rate-limited).
+TAIL_LINES = 100
+
+
+def _env_number(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+    return value if value >= 0 else default
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much of a worker's output becomes records (``TORCHELASTIC_OTEL_WORKER_OUTPUT_*``)."""
+
+    max_line: int = 8192  # bytes of one line; longer lines are cut (counted as sanitized)
+    rate: float = 1000.0  # lines per second, sustained, both streams together; 0: no limit
+    burst: int = 10_000  # lines admitted at once above the rate
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        return cls(
+            max_line=max(16, int(_env_number("TORCHELASTIC_OTEL_WORKER_OUTPUT_MAX_LINE", cls.max_line))),
+            rate=_env_number("TORCHELASTIC_OTEL_WORKER_OUTPUT_RATE", cls.rate),
+            burst=max(1, int(_env_number("TORCHELASTIC_OTEL_WORKER_OUTPUT_BURST", cls.burst))),
+        )
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line to export: when it was read, its stream and its bytes (without the newline)."""
+
+    time_ns: int
+    stream: str
+    data: bytes
+
+
+class _TokenBucket:
+    """``rate`` lines a second, at most ``burst`` at once."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = float(burst)
+        self.last = time.monotonic()
+
+    def take(self, n: int) -> int:
+        """How many of ``n`` lines may go now (taken from the bucket)."""
+        if self.rate <= 0:
+            return n
+        now = time.monotonic()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        admitted = min(n, int(self.tokens))
+        self.tokens -= admitted
+        return admitted
+
+
+class _Stream:
+    """The unfinished line of one stream, bounded: a carriage return restarts it, beyond ``max_line`` it is cut."""
+
+    def __init__(self, name: str, max_line: int) -> None:
+        self.name = name
+        self.max_line = max_line
+        self.partial = bytearray()
+        self.cut = False  # the unfinished line was cut: its further bytes are left out up to its end
+
+    def extend(self, data: bytes | memoryview) -> None:
+        if self.cut:
+            return
+        self.partial += data
+        if len(self.partial) > self.max_line:
+            restart = self.partial.rfind(b"\r")
+            if restart > 0:
+                del self.partial[:restart]
+            if len(self.partial) > self.max_line + 1:
+                del self.partial[self.max_line + 1 :]  # one byte more than a line may have: it will be cut
+                self.cut = True
+
+    def take(self, head: bytes) -> tuple[bytes, bool]:
+        """The unfinished line completed by ``head`` (the bytes before a newline)."""
+        if self.partial or self.cut:
+            self.extend(head)
+            line, cut = bytes(self.partial), self.cut
+            self.partial.clear()
+            self.cut = False
+            return line, cut
+        return head, False
+
+
+class Lines:
+    """Chunks of a worker's streams in, lines to export out (admitted now, or the tail at the end)."""
+
+    def __init__(self, limits: Limits, streams: tuple[str, ...] = ("stdout", "stderr")) -> None:
+        self.limits = limits
+        self._bucket = _TokenBucket(limits.rate, limits.burst)
+        self._streams = {name: _Stream(name, limits.max_line) for name in streams}
+        self._tail: collections.deque[Line] = collections.deque()
+
+    def feed(self, stream: str, data: bytes, now_ns: int | None = None) -> list[Line]:
+        """The lines ``data`` completes that the rate limit admits; the others go to the tail or are counted."""
+        state = self._streams[stream]
+        complete = data.count(b"\n")
+        if not complete:
+            state.extend(data)
+            return []
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        admitted = self._bucket.take(complete)
+        if admitted == complete:
+            parts = data.split(b"\n")
+            rest: bytes = b""
+        else:
+            parts = data.split(b"\n", admitted)
+            rest = parts.pop()  # the over-limit lines and the unfinished one
+            parts.append(b"")  # placeholder: the unfinished line is set below
+        lines: list[Line] = []
+        for index, raw in enumerate(parts[:-1]):
+            raw, cut = state.take(raw) if index == 0 else (raw, False)
+            line = self._line(now_ns, stream, raw, cut)
+            if line is not None:
+                lines.append(line)
+        if admitted == complete:
+            state.extend(parts[-1])
+        else:
+            self._over_limit(state, now_ns, rest, complete - admitted, first=admitted == 0)
+        return lines
+
+    def lost(self, stream: str, lines: int, midline: bool) -> None:
+        """Output of ``stream`` that never reached this process (its reader was behind): ``lines`` complete lines
+        (the unfinished one included), counted as dropped; ``midline``: what comes next starts inside a line,
+        which is left out up to its end (and counted)."""
+        state = self._streams[stream]
+        if lines:
+            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "output_backlog_full", lines)
+            state.partial.clear()
+            state.cut = False
+        if midline:
+            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "output_backlog_full")
+            state.partial.clear()
+            state.cut = True
+
+    def finish(self) -> list[Line]:
+        """At the end of the output: every stream's unfinished line (rate limit permitting) and the tail."""
+        now_ns = time.time_ns()
+        out: list[Line] = []
+        for state in self._streams.values():
+            if state.partial or state.cut:
+                raw, cut = state.take(b"")
+                line = self._line(now_ns, state.name, raw, cut)
+                if line is None:
+                    continue
+                if self._bucket.take(1):
+                    out.append(line)
+                else:
+                    self._keep([line])
+        tail, self._tail = list(self._tail), collections.deque()
+        return sorted(tail + out, key=lambda line: line.time_ns)
+
+    def _over_limit(self, state: _Stream, now_ns: int, rest: bytes, n: int, first: bool) -> None:
+        """``rest`` holds ``n`` complete over-limit lines, then the unfinished one: keep the last of them."""
+        end = rest.rfind(b"\n")
+        complete, unfinished = rest[:end], rest[end + 1 :]
+        keep = min(n, TAIL_LINES)
+        parts = complete.rsplit(b"\n", keep)
+        older = len(parts) - keep  # 1 if the first part holds the lines before the kept ones, joined
+        if older:
+            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "rate_limited", n - keep)
+            if first:
+                state.take(b"")  # the unfinished line was completed by the first dropped line
+        kept: list[Line] = []
+        for index, raw in enumerate(parts[older:]):
+            raw, cut = state.take(raw) if first and not older and index == 0 else (raw, False)
+            line = self._line(now_ns, state.name, raw, cut)
+            if line is not None:
+                kept.append(line)
+        self._keep(kept)
+        state.extend(unfinished)
+
+    def _keep(self, lines: list[Line]) -> None:
+        """Into the tail; what falls out of it is dropped for good (counted)."""
+        tail = self._tail
+        tail.extend(lines)
+        evicted = len(tail) - TAIL_LINES
+        if evicted > 0:
+            for _ in range(evicted):
+                tail.popleft()
+            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "rate_limited", evicted)
+
+    def _line(self, now_ns: int, stream: str, raw: bytes, cut: bool) -> Line | None:
+        """A terminal's view of ``raw``: ``\\r\\n`` ends it, a carriage return restarts it; cut to ``max_line``."""
+        if b"\r" in raw:
+            raw = raw.rstrip(b"\r")
+            start = raw.rfind(b"\r")
+            if start >= 0:
+                raw = raw[start + 1 :]
+        if not raw:
+            return None
+        limit = self.limits.max_line
+        if len(raw) > limit:
+            raw, cut = _cut_utf8(raw, limit), True
+        if cut:
+            _selftelemetry.count(_selftelemetry.SANITIZED, "logs", "line_truncated")
+        return Line(now_ns, stream, raw)
+
+
+def _cut_utf8(raw: bytes, limit: int) -> bytes:
+    """``raw`` cut to at most ``limit`` bytes, not inside a UTF-8 sequence."""
+    end = limit
+    while end > 0 and raw[end] & 0xC0 == 0x80:
+        end -= 1
+    return raw[: end or limit]

@@ -1,0 +1,203 @@
+"""Python ``logging`` records in a torchrun worker become OpenTelemetry log records, with trace and span ids.
+
+The conversion is OpenTelemetry's own ``LoggingHandler`` (``opentelemetry-instrumentation-logging``'s where
+installed, else the SDK's), fed with the bridge's logger provider. What differs from putting that handler on the
+root logger, and why:
+
+- it is not added to the root logger's handlers: a handler there would make ``logging.basicConfig()`` a no-op
+  and silence logging's last-resort output to stderr, so an unconfigured script's warnings would vanish from the
+  console. Instead ``Logger.callHandlers`` (the documented step that hands a record to the handlers) is wrapped:
+  after the application's handlers ran, a record that would have reached the root logger is captured -- what a
+  root handler would see, and the console as without the bridge;
+- the caller only copies the record with its message formatted (``logging.handlers.QueueHandler`` does the same)
+  and the current context into a bounded buffer; the drainer thread makes the OpenTelemetry record. The handler
+  costs ~35 us a call in the caller's thread, which a training loop should not pay;
+- the trace context is the caller's current span, else the agent's attempt span (``TRACEPARENT``): records of
+  threads without a span of their own belong to the attempt too;
+- records of the bridge's and OpenTelemetry's own loggers, of torch's event loggers (their events are exported as
+  events already) and of the SDK's and bridge's threads are left out: no feedback loops; and nothing is captured
+  while OpenTelemetry's own handler is on the root logger (logging auto-instrumentation exports the records).
+
+``TORCHELASTIC_OTEL_WORKER_LOGGING=0`` turns it off. A buffer overflow is counted (``buffer_full``).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import context, trace
+
+from torchelastic_otel import _drainer, _selftelemetry, pipeline
+
+__all__ = ["install", "ENABLE_ENV"]
+
+ENABLE_ENV = "TORCHELASTIC_OTEL_WORKER_LOGGING"
+#: Records buffered before new ones are dropped (counted), as for events.
+MAX_PENDING = 65536
+#: Loggers whose records are never exported: the bridge's, OpenTelemetry's, torch's event transport.
+EXCLUDED_LOGGERS = ("torchelastic_otel", "opentelemetry", "torchelastic-events-")
+#: Threads whose records are never exported: the SDK's exporters, the bridge's own.
+EXCLUDED_THREADS = ("Otel", "torchelastic-otel")
+
+_logger = logging.getLogger("torchelastic_otel")
+
+
+def enabled() -> bool:
+    """Not turned off, and log records are exported at all."""
+    env = os.environ
+    return (
+        env.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+        and env.get("OTEL_LOGS_EXPORTER", "otlp").strip().lower() != "none"
+    )
+
+
+def install(patches: Any, default_context: Callable[[], Any]) -> None:
+    """Capture logging records from now on; ``patches`` restores ``Logger.callHandlers`` (if still ours)."""
+    if not enabled():
+        return
+    buffer = _RecordBuffer(default_context)
+    original = logging.Logger.callHandlers
+
+    def callHandlers(self: logging.Logger, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        try:
+            original(self, record)
+        finally:
+            buffer.capture(self, record)
+
+    callHandlers.__torchelastic_otel__ = True  # type: ignore[attr-defined]
+    callHandlers.__wrapped__ = original  # type: ignore[attr-defined]
+    logging.Logger.callHandlers = callHandlers  # type: ignore[method-assign]
+
+    def restore() -> None:
+        if logging.Logger.__dict__.get("callHandlers") is callHandlers:
+            logging.Logger.callHandlers = original  # type: ignore[method-assign]
+        buffer.close()
+
+    patches.on_restore(restore)
+
+
+def _reaches_root(logger: logging.Logger) -> bool:
+    """Whether a record of ``logger`` propagates to the root logger's handlers."""
+    current: Any = logger
+    while current is not None and current.parent is not None:
+        if not current.propagate:
+            return False
+        current = current.parent
+    return True
+
+
+def _exported_by_root() -> bool:
+    """Whether an OpenTelemetry ``LoggingHandler`` is on the root logger (``opentelemetry-instrument`` with
+    logging instrumentation puts one there): the records would be exported twice. By name: no SDK import here."""
+    for handler in logging.root.handlers:
+        cls = type(handler)
+        if cls.__name__ == "LoggingHandler" and cls.__module__.startswith("opentelemetry."):
+            return True
+    return False
+
+
+def _handler_class() -> type:
+    try:
+        from opentelemetry.instrumentation.logging.handler import LoggingHandler
+
+        return LoggingHandler
+    except ImportError:
+        from opentelemetry.sdk._logs import LoggingHandler
+
+        return LoggingHandler
+
+
+def _new_handler(logger_provider: Any) -> logging.Handler:
+    """OpenTelemetry's handler with code attributes (``code.file.path``, ``code.function.name``, ...)."""
+    cls = _handler_class()
+    with warnings.catch_warnings():  # the SDK's handler warns that it is deprecated in favour of the other one
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if cls.__module__.startswith("opentelemetry.instrumentation"):
+            return cls(logger_provider=logger_provider, log_code_attributes=True)
+        return cls(logger_provider=logger_provider)
+
+
+class _RecordBuffer(_drainer.Buffer):
+    """Logging records on their way to OpenTelemetry's handler (converted by the drainer)."""
+
+    signal = "logs"
+
+    def __init__(self, default_context: Callable[[], Any]) -> None:
+        super().__init__(MAX_PENDING)
+        self.default_context = default_context
+        self._handler: logging.Handler | None = None
+        self._generation = -1
+        self._closed = False
+        _drainer.register(self)
+
+    def capture(self, logger: logging.Logger, record: logging.LogRecord) -> None:
+        """The hot path: in the thread that logs. Never raises."""
+        try:
+            if self._closed or record.name.startswith(EXCLUDED_LOGGERS):
+                return
+            if (record.threadName or "").startswith(EXCLUDED_THREADS) or not _reaches_root(logger):
+                return
+            if _exported_by_root():
+                return  # OpenTelemetry's own handler is on the root logger (auto-instrumentation): it exports it
+            pending = self._pending
+            if len(pending) >= self.max_pending:
+                self._overflow += 1
+                return
+            pending.append((_frozen(record), context.get_current()))
+        except Exception:
+            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "conversion_error")
+
+    def drain(self, deadline: float | None = None) -> int:
+        """Hand buffered records to OpenTelemetry's handler, each in the context it was logged in."""
+        with self._lock:
+            self._count_overflow()
+            return self._emit_pending(deadline) if self._pending else 0
+
+    def _emit_pending(self, deadline: float | None) -> int:
+        handler, pending, emitted = self._current_handler(), self._pending, 0
+        while pending and (deadline is None or time.monotonic() < deadline):
+            for _ in range(min(64, len(pending))):  # the clock is read once per 64 records
+                self._emit(handler, *pending.popleft())
+                emitted += 1
+        return emitted
+
+    def _emit(self, handler: logging.Handler, record: logging.LogRecord, ctx: Any) -> None:
+        if not trace.get_current_span(ctx).get_span_context().is_valid:
+            ctx = self.default_context() or ctx
+        token = context.attach(ctx)
+        try:
+            handler.emit(record)
+        except Exception:
+            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "conversion_error")
+        finally:
+            context.detach(token)
+
+    def _current_handler(self) -> logging.Handler:
+        """The handler for the current pipeline (a new one after the pipeline was replaced, e.g. after a fork)."""
+        if self._handler is None or self._generation != pipeline.state.generation[0]:
+            self._handler = _new_handler(pipeline.get_pipeline().logger_provider)
+            self._generation = pipeline.state.generation[0]
+        return self._handler
+
+    def close(self) -> None:
+        """Uninstalled: what is buffered still goes out (drained now), nothing more is captured."""
+        self._closed = True
+        _drainer.drain_all(time.monotonic() + 0.5, signal="logs")
+
+
+def _frozen(record: logging.LogRecord) -> logging.LogRecord:
+    """A copy with its message formatted now: the arguments may change before the drainer converts it."""
+    frozen = copy.copy(record)
+    try:
+        frozen.msg = record.getMessage()
+    except Exception:  # arguments that do not fit the format: logging reports it; keep the raw message
+        _selftelemetry.count(_selftelemetry.SANITIZED, "logs", "value_stringified")
+        frozen.msg = str(record.msg)
+    frozen.args = None
+    return frozen
