@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 TORCH_VERSION := 2.13.0
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: venv demo test bench clean stack-deps
+.PHONY: venv demo test test-compat bench clean stack-deps browser-deps
 
 venv: $(STAMP)
 
@@ -19,11 +19,20 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# A real 2-worker torchrun job (rank 1 fails once, --max-restarts 1) exporting to OTLP JSON Lines files, rendered
+# in the terminal and as one HTML file; the last line says where: `report: <path>`.
 demo: venv
-	$(PY) examples/demo.py
+	@$(PY) examples/demo.py
 
-test: venv stack-deps
+test: venv stack-deps browser-deps
 	$(PY) -m pytest -q
+
+# What the browser tests in tests/test_report.py run for real: Debian's chromium (headless); installed when root
+# and missing (elsewhere those tests skip, saying why). Idempotent.
+browser-deps:
+	@if ! command -v chromium >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
 
 # What tests/test_stack_*.py run for real: Debian's prometheus (prometheus + promtool; installed when root and
 # missing) and rotel, an OTLP collector shipped as a wheel (pre-releases only). Idempotent.
@@ -33,9 +42,16 @@ stack-deps: venv
 	fi
 	@$(PY) -c "import rotel" 2>/dev/null || $(PIP) install --quiet --pre rotel
 
+# The oldest and the newest releases of every declared range (Python, torch, OpenTelemetry), each in a venv cached
+# outside the clone (~5 GB each: torch's CUDA builds, run on the CPU), running the torchrun, worker and mapping
+# tests; a cold cache takes ~15 minutes here. `COMPAT=oldest,newest` runs a subset. See .ci/compat.py.
+test-compat:
+	$(PYTHON) .ci/compat.py
+
 bench: venv
 	$(PY) bench/bench_api.py
 	$(PY) bench/bench_job.py
+	$(PY) bench/bench_report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -121,6 +121,11 @@ def test_metric_readers_of_an_sdk_meter_provider() -> None:
     reader = InMemoryMetricReader()
     assert _compat.metric_readers(MeterProvider(metric_readers=[reader])) == [reader]
     assert _compat.metric_readers(object()) is None
+    from opentelemetry.sdk.trace import TracerProvider
+
+    before = _selftelemetry.total(_selftelemetry.FALLBACK)
+    assert _compat.metric_readers(TracerProvider()) is None  # not a meter provider: no fallback to count
+    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before
 
 
 def test_metric_readers_fallback_is_counted_for_an_sdk_provider_without_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,7 +133,7 @@ def test_metric_readers_fallback_is_counted_for_an_sdk_provider_without_them(mon
 
     provider = MeterProvider()
     monkeypatch.setattr(provider, "_sdk_config", None)
-    monkeypatch.setattr(provider, "_metric_readers", None)
+    monkeypatch.setattr(provider, "_metric_readers", None, raising=False)  # SDK < 1.45: only _sdk_config
     before = _selftelemetry.total(_selftelemetry.FALLBACK, reason="MeterProvider._metric_readers")
     assert _compat.metric_readers(provider) is None
     assert _selftelemetry.total(_selftelemetry.FALLBACK, reason="MeterProvider._metric_readers") == before + 1
@@ -244,9 +249,11 @@ def test_an_otlp_exporters_retry_warning_is_recognised(protocol: str) -> None:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter(endpoint=f"127.0.0.1:{port}", insecure=True, timeout=2)
-    else:
+    else:  # a server answering 503 (SDKs before 1.42 do not retry a refused HTTP connection)
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
+        unavailable = _unavailable_http_server()
+        port = unavailable.server_address[1]
         exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=2)
     records: list[logging.LogRecord] = []
 
@@ -264,4 +271,26 @@ def test_an_otlp_exporters_retry_warning_is_recognised(protocol: str) -> None:
     finally:
         root.removeHandler(capture)
         provider.shutdown()
+        if protocol == "http":
+            unavailable.shutdown()
+            unavailable.server_close()
     assert any(_compat.is_export_retry_log(r) for r in records), [r.getMessage() for r in records]
+
+
+def _unavailable_http_server():  # type: ignore[no-untyped-def]
+    """An HTTP server on 127.0.0.1 answering every POST with 503 (the test shuts it down)."""
+    import http.server
+
+    class Unavailable(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

@@ -27,6 +27,7 @@ from torchelastic_otel.events import _otel as events_otel
 from torchelastic_otel.events.api import Event, EventSource, NodeState, RdzvEvent
 from torchelastic_otel.metrics.rules import DEFAULT_RULES, DURATION_BUCKETS_S, MetricRule, resolve, valid_instrument_name
 
+from ._releases import torch_events_have_exit_code
 from .conftest import metric_of, points_of
 
 NAME_RE = re.compile(r"[a-zA-Z][-_./a-zA-Z0-9]{0,254}")
@@ -632,11 +633,13 @@ def _torch_agent_event(state: str, source: str, **kwargs):
         worker = Worker(local_rank=0, global_rank=1, role_rank=1, world_size=2, role_world_size=2)
         worker.id = 4242
         kwargs["worker"] = worker
+    if not torch_events_have_exit_code():  # torch < 2.10 takes (and reports) neither
+        kwargs.pop("exit_code", None), kwargs.pop("worker_pid", None)
     return SimpleElasticAgent._construct_event(agent, state=state, source=TorchEventSource[source], **kwargs)
 
 
 def _expected_worker_failed_attributes(hostname: str) -> dict:
-    return {
+    expected = {
         "torchelastic.source": "WORKER",
         "torchelastic.run_id": "job-1",
         "torchelastic.global_rank": 1,
@@ -660,6 +663,9 @@ def _expected_worker_failed_attributes(hostname: str) -> dict:
         "torchelastic.metadata.worker_pid": 4242,
         "torchelastic.event.kind": "event",
     }
+    if not torch_events_have_exit_code():  # torch < 2.10 puts neither in the metadata
+        del expected["torchelastic.metadata.exit_code"], expected["torchelastic.metadata.worker_pid"]
+    return expected
 
 
 def test_torch_agent_worker_failed_event_end_to_end(otel):

@@ -25,7 +25,13 @@ from typing import Any
 import pytest
 
 from tests.otlp_receiver import OtlpReceiver
+from torchelastic_otel import _compat
 from torchelastic_otel._install import AUTO_INSTALL_ENV, BOOTSTRAP_DIR
+
+#: Whether workers defer their set-up: not where no thread starts at exit (CPython 3.12.0-3.12.1), since a deferred
+#: pipeline could not be built there; a worker then sets up at once (the same interpreter runs the workers here).
+DEFERS = _compat.threads_start_at_exit()
+deferring = pytest.mark.skipif(not DEFERS, reason="this Python starts no thread at exit: workers set up at once")
 
 pytest.importorskip("torch.distributed.elastic.events")
 
@@ -94,6 +100,7 @@ def worker_start(rx: OtlpReceiver) -> list[dict[str, Any]]:
     return [s for s in rx.spans("torchelastic.worker.start") if s["resource"].get("torchelastic.run_id") == RUN_ID]
 
 
+@deferring
 def test_start_up_imports_no_sdk_and_a_span_started_at_once_is_exported() -> None:
     code = FIRST_LINE + r"""
 with trace.get_tracer("app").start_as_current_span("app.first"):
@@ -114,6 +121,7 @@ print(json.dumps(first_line))
         assert start["end_time_unix_nano"] >= start["start_time_unix_nano"] > 0
 
 
+@deferring
 def test_first_telemetry_sets_the_pipeline_up_in_the_background() -> None:
     """The drainer moves the first event (0.5 s rounds) and builds the pipeline for it; the script never waits."""
     code = FIRST_LINE + r"""
@@ -129,6 +137,7 @@ first_line["sdk_after_record"] = "opentelemetry.sdk.trace" in sys.modules
         assert rx.logs("trainer.started")[0]["resource"]["torchelastic.rank"] == 1
 
 
+@deferring
 def test_a_worker_that_records_nothing_is_set_up_after_the_delay() -> None:
     code = FIRST_LINE
     with OtlpReceiver() as rx:
@@ -137,6 +146,7 @@ def test_a_worker_that_records_nothing_is_set_up_after_the_delay() -> None:
         assert got["sdk"] is False and arrived, rx.requests
 
 
+@deferring
 def test_an_application_provider_set_during_start_up_gets_the_bridges_telemetry() -> None:
     """Rule 1 of the pipeline holds with the deferred set-up: a provider the application sets is used."""
     code = FIRST_LINE + r"""
@@ -191,7 +201,7 @@ def test_a_worker_that_exits_at_once_delivers_at_exit(record: bool) -> None:
     code += "print(json.dumps(first_line))\n"
     with OtlpReceiver() as rx:
         got = run(code, worker_env(rx))
-        assert got["sdk"] is False
+        assert got["sdk"] is not DEFERS
         assert rx.wait_for(lambda r: worker_start(r) and (not record or r.logs("trainer.done")), timeout=30), (
             rx.requests
         )

@@ -8,12 +8,13 @@ timed out, later ones wait at most ``DOWN_WAIT_MILLIS``: a dying job is not held
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from torchelastic_otel import _health, _selftelemetry
+from torchelastic_otel import _compat, _health, _selftelemetry
 from torchelastic_otel._config import DOWN_WAIT_MILLIS, EXIT_TIMEOUT_MILLIS
 
 __all__ = ["run_bounded", "bounded_flush", "backend_down"]
@@ -25,15 +26,18 @@ def run_bounded(
     """``fn()`` in a daemon thread, waited for at most ``timeout_millis``; ``None`` if it did not finish.
 
     ``give_up`` is polled every 20 ms while waiting: when it returns true, stop waiting at once (``None``).
-    Where no thread can be started (``atexit`` handlers of Python 3.12.0-3.12.1), ``fn()`` runs in the caller's
-    thread, bounded only by the exporters' own timeouts: late rather than lost.
+    Where no thread can be started (``atexit`` handlers of Python 3.12.0-3.12.1), ``fn()`` runs on the thread
+    :func:`start_exit_thread` started beforehand; without one, in the caller's thread, bounded only by the exporters'
+    own timeouts: late rather than lost.
     """
     result: list[bool] = []
     thread = threading.Thread(target=lambda: result.append(fn()), name="torchelastic-otel-flush", daemon=True)
     try:
         thread.start()
     except RuntimeError:  # "can't create new thread at interpreter shutdown"
-        return fn()
+        thread = _exit_thread.submit(lambda: result.append(fn()))
+        if thread is None:
+            return fn()
     deadline = time.monotonic() + max(0, timeout_millis) / 1000
     while True:
         remaining = deadline - time.monotonic()
@@ -43,6 +47,60 @@ def run_bounded(
         if give_up is not None and give_up():
             break
     return result[0] if result else None
+
+
+class _ExitThread:
+    """One daemon thread, started before the interpreter exits, that runs what :func:`run_bounded` hands it there
+    (one call at a time, in order) on a Python that starts no thread at exit (``_compat.threads_start_at_exit``)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], threading.Event]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="torchelastic-otel-exit", daemon=True)
+            self._thread.start()
+
+    def submit(self, fn: Callable[[], Any]) -> Any:
+        """Hand ``fn`` over; something to ``join(timeout)`` on (``None``: no thread here, e.g. after a fork)."""
+        if self._thread is None or not self._thread.is_alive():
+            return None
+        done = threading.Event()
+        self._queue.put((fn, done))
+        return _Done(done)
+
+    def _run(self) -> None:
+        while True:
+            fn, done = self._queue.get()
+            try:
+                fn()
+            except Exception:
+                pass
+            finally:
+                done.set()
+
+
+class _Done:
+    """A finished-or-not flag with ``Thread``'s ``join`` / ``is_alive``, for :func:`run_bounded`'s wait loop."""
+
+    def __init__(self, done: threading.Event) -> None:
+        self._done = done
+
+    def join(self, timeout: float) -> None:
+        self._done.wait(timeout)
+
+    def is_alive(self) -> bool:
+        return not self._done.is_set()
+
+
+_exit_thread = _ExitThread()
+
+
+def start_exit_thread() -> None:
+    """Start the exit thread where this Python will start none at exit (the exit handlers' registration calls it)."""
+    if not _compat.threads_start_at_exit():
+        _exit_thread.start()
 
 
 _down = [False]

@@ -231,6 +231,14 @@ def is_proxy_provider(provider: Any) -> bool:
     return isinstance(provider, (_ProxyMeterProvider, ProxyLoggerProvider))
 
 
+def _is_sdk_meter_provider(provider: Any) -> bool:
+    try:
+        from opentelemetry.sdk.metrics import MeterProvider
+    except ImportError:
+        return False
+    return isinstance(provider, MeterProvider)
+
+
 def metric_readers(meter_provider: Any) -> list[Any] | None:
     """The readers of an SDK ``MeterProvider`` that the bridge did not build (``_metric_readers``; older SDKs:
     ``_sdk_config.metric_readers``); ``None`` if it is not one, or their place changed (counted: the provider's
@@ -238,6 +246,24 @@ def metric_readers(meter_provider: Any) -> list[Any] | None:
     readers = getattr(meter_provider, "_metric_readers", None)
     if readers is None:
         readers = getattr(getattr(meter_provider, "_sdk_config", None), "metric_readers", None)
-    if readers is None and type(meter_provider).__module__.startswith("opentelemetry.sdk"):
+    if readers is None and _is_sdk_meter_provider(meter_provider):
         _fallback("MeterProvider._metric_readers", type(meter_provider).__name__)
     return list(readers) if readers is not None else None
+
+
+# ---- differences between releases --------------------------------------------------------------------------------
+
+_THREADS_AT_EXIT: list[bool] = []
+
+
+def threads_start_at_exit() -> bool:
+    """Whether this Python starts a thread while the interpreter exits (``atexit`` handlers, ``threading``'s exit
+    hooks). CPython 3.12.0 and 3.12.1 refuse ("can't create new thread at interpreter shutdown", gh-113964; fixed in
+    3.12.2). ``False`` there (counted once): a worker then sets its pipeline up at once instead of deferring it,
+    since a deferred one could not be built at exit, and exit flushes run on a thread started beforehand."""
+    if not _THREADS_AT_EXIT:
+        refused = sys.implementation.name == "cpython" and sys.version_info[:3] in ((3, 12, 0), (3, 12, 1))
+        if refused:
+            _fallback("threads_at_exit", f"Python {sys.version.split()[0]} starts no thread at exit (gh-113964)")
+        _THREADS_AT_EXIT.append(not refused)
+    return _THREADS_AT_EXIT[0]

@@ -33,10 +33,13 @@ def _pulls_metrics() -> bool:
 
 
 def defer() -> bool:
-    """Build the pipeline later (see above). ``True`` if the set-up is deferred now."""
+    """Build the pipeline later (see above). ``True`` if the set-up is deferred now. Never where no thread can
+    start at exit: a worker that exits before its first telemetry could not build it then."""
     state = pipeline.state
     with state.lock:
         if state.current is not None or _since[0] is not None or sdk_disabled() or _pulls_metrics():
+            return False
+        if not _compat.threads_start_at_exit():
             return False
         for signal in _SIGNALS:
             _compat.replace_global_provider(signal, None, _placeholders.BuildOnUse(signal))  # only where unset

@@ -82,11 +82,33 @@ def construct(signal: str, name: str, cls: type) -> Any | None:
     """
     try:
         with _prometheus_port_for_this_process(cls):
-            return _counting.wrap_exporter(signal, cls())
+            return _counting.wrap_exporter(signal, cls(**_file_exporter_args(signal, cls)))
     except Exception as exc:
         _selftelemetry.count(_selftelemetry.DROPPED, signal, f"exporter_unavailable:{name}")
         _logger.warning("torchelastic_otel: %s exporter %r could not start: %s", signal, name, exc)
         return None
+
+
+FILE_DIR_ENV = "TORCHELASTIC_OTEL_FILE_DIR"
+
+
+def _file_exporter_args(signal: str, cls: type) -> dict[str, Any]:
+    """``path=<TORCHELASTIC_OTEL_FILE_DIR>/<signal>-<process>.jsonl`` for the OTLP JSON Lines file exporter.
+
+    Built by name (``otlp_json_file``), that exporter writes to stdout, where torchrun mixes every process's lines
+    with the job's own output. One file per process and signal instead (the specification wants one signal per
+    file), named by host, rank, restart and pid: processes never append to the same file, so a line can never be
+    torn by another writer, and ``torchelastic-otel report DIR`` reads them all.
+    """
+    directory = os.environ.get(FILE_DIR_ENV)
+    if not directory or ".otlp.json.file" not in getattr(cls, "__module__", ""):
+        return {}
+    import socket
+
+    rank = os.environ.get("RANK")
+    who = f"rank{rank}-restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}" if rank else "agent"
+    os.makedirs(directory, exist_ok=True)
+    return {"path": os.path.join(directory, f"{signal}-{socket.gethostname()}-{who}-{os.getpid()}.jsonl")}
 
 
 class _prometheus_port_for_this_process:
@@ -255,8 +277,14 @@ class _BoundedMeterProvider(_Bounded):
         return ok
 
 
+#: Readers that only the application reads (a scrape, ``get_metrics_data()``), each by collecting itself: a flush
+#: that collects them throws a collection away -- its delta points, and on SDKs before 1.45 every synchronous
+#: gauge's value, which those report in one collection only.
+_PULL_READERS = ("PrometheusMetricReader", "InMemoryMetricReader")
+
+
 def _is_pull_reader(reader: Any) -> bool:
-    return any(cls.__name__ == "PrometheusMetricReader" for cls in type(reader).__mro__)
+    return any(cls.__name__ in _PULL_READERS for cls in type(reader).__mro__)
 
 
 _bounded_classes: dict[str, type] = {}

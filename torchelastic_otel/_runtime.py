@@ -129,6 +129,7 @@ def install() -> None:
     _installed[0] = True
     atexit.register(at_exit)
     _build_before_shutdown()
+    _bounded.start_exit_thread()
 
 
 def _build_before_shutdown() -> None:

@@ -34,6 +34,10 @@ def _settle_run_id(args: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "report":  # `torchelastic-otel report PATH...`: render OTLP JSON Lines files
+        from torchelastic_otel.report import main as report
+
+        sys.exit(report(argv[1:]))
     if argv and argv[0] == "run":  # `torchelastic-otel run ...`
         argv = argv[1:]
     from torch.distributed import run as torchrun
