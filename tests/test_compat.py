@@ -294,3 +294,43 @@ def _unavailable_http_server():  # type: ignore[no-untyped-def]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+# ---- OpenTelemetry SDK configuration -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol, module", [("grpc", ".grpc."), ("http/protobuf", ".http.")])
+def test_sdk_exporter_classes_resolve_otlp_by_protocol(monkeypatch: pytest.MonkeyPatch, protocol: str, module: str) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    before = _selftelemetry.total(_selftelemetry.FALLBACK)
+    for signal in ("traces", "metrics", "logs"):
+        classes = _compat.sdk_exporter_classes(signal, "otlp")
+        assert len(classes) == 1 and module in next(iter(classes.values())).__module__, classes
+        # The fallback resolves the same class through the entry points.
+        assert _compat._exporter_entry_point(signal, "otlp") is next(iter(classes.values()))
+    assert "console" in str(_compat.sdk_exporter_classes("traces", "console")).lower()
+    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before
+    with pytest.raises(Exception):
+        _compat.sdk_exporter_classes("traces", "no_such_exporter")
+
+
+def test_sdk_sampler_and_id_generator_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    sampler = _compat.sdk_sampler()
+    assert isinstance(sampler, TraceIdRatioBased) and sampler.rate == 0.25
+    monkeypatch.setenv("OTEL_PYTHON_ID_GENERATOR", "random")
+    assert isinstance(_compat.sdk_id_generator(), RandomIdGenerator)
+
+
+def test_sdk_configuration_fallbacks_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk._configuration", None)  # as if a release moved it
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
+    before = _selftelemetry.total(_selftelemetry.FALLBACK)
+    classes = _compat.sdk_exporter_classes("traces", "otlp")
+    assert ".http." in next(iter(classes.values())).__module__
+    assert _compat.sdk_sampler() is None and _compat.sdk_id_generator() is None
+    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before + 3

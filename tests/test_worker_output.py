@@ -298,7 +298,8 @@ def test_a_print_flood_is_bounded_and_counted(runs: Runs) -> None:
     limit = FLOOD["burst"] + FLOOD["rate"] * (job.probes[0]["seconds"] + 2) + TAIL_LINES
     assert 0 < len(received) <= limit, (len(received), limit)
     assert dropped(rx, pid, "dropped", "rate_limited") > 0
-    assert received[-TAIL_LINES:] == printed[-TAIL_LINES:]  # the last lines are never rate-limited
+    missing = set(printed[-TAIL_LINES:]) - set(received)  # the last lines are never rate-limited (order across
+    assert not missing, sorted(missing)  # export batches read at the same instant is not asserted)
     long = [b for b in received if "xxxx" in b]
     assert len(long) == 1 and len(long[0].encode()) == FLOOD["max_line"]
     wait(rx, "the truncation counted", lambda r: dropped(r, pid, "sanitized", "line_truncated") == 1, job)

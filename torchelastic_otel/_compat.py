@@ -163,6 +163,66 @@ def batch_queue(processor: Any) -> BatchQueue | None:
     return BatchQueue(len(queue), limit, getattr(batch, "_shutdown", False) is True)
 
 
+# ---- OpenTelemetry SDK configuration -------------------------------------------------------------------------------
+
+#: ``OTEL_EXPORTER_OTLP_PROTOCOL`` values -> the exporter entry point name of the ``otlp`` exporter.
+_OTLP_PROTOCOLS = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
+
+
+def sdk_exporter_classes(signal: str, name: str) -> dict[str, type]:
+    """The exporter (or metric reader) class the SDK's autoconfigure resolves for one ``OTEL_<SIGNAL>_EXPORTER``
+    name (``sdk._configuration``'s ``_get_exporter_entry_point`` + ``_import_exporters``: ``otlp`` becomes the
+    protocol-specific entry point). Fallback (counted): the same through ``importlib.metadata`` entry points.
+    Raises for a name that cannot be resolved (the caller counts and skips it)."""
+    try:
+        from opentelemetry.sdk._configuration import _get_exporter_entry_point, _import_exporters
+    except ImportError as exc:
+        _fallback("opentelemetry.sdk._configuration exporters", exc)
+        return {name: _exporter_entry_point(signal, name)}
+    args: list[list[str]] = [[], [], []]
+    index = ("traces", "metrics", "logs").index(signal)
+    args[index] = [_get_exporter_entry_point(name, signal)]
+    return dict(_import_exporters(*args)[index])
+
+
+def _exporter_entry_point(signal: str, name: str) -> type:
+    from importlib.metadata import entry_points
+
+    if name == "otlp":
+        protocol = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or os.environ.get(
+            "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"
+        )
+        name = _OTLP_PROTOCOLS.get(protocol.strip(), "")
+        if not name:
+            raise ValueError(f"unsupported OTLP protocol {protocol!r}")
+    found = list(entry_points(group=f"opentelemetry_{signal}_exporter", name=name))
+    if not found:
+        raise ValueError(f"no {signal} exporter named {name!r}")
+    return found[0].load()
+
+
+def sdk_sampler() -> Any:
+    """The sampler ``OTEL_TRACES_SAMPLER`` names, as the SDK's autoconfigure builds it; ``None`` (counted) where
+    its helpers moved: the SDK's ``TracerProvider`` then reads the same variable itself."""
+    try:
+        from opentelemetry.sdk._configuration import _get_sampler, _import_sampler
+    except ImportError as exc:
+        _fallback("opentelemetry.sdk._configuration sampler", exc)
+        return None
+    return _import_sampler(_get_sampler())
+
+
+def sdk_id_generator() -> Any:
+    """The id generator ``OTEL_PYTHON_ID_GENERATOR`` names (autoconfigure's helpers); ``None`` (counted) where they
+    moved: the SDK's random id generator is then used."""
+    try:
+        from opentelemetry.sdk._configuration import _get_id_generator, _import_id_generator
+    except ImportError as exc:
+        _fallback("opentelemetry.sdk._configuration id generator", exc)
+        return None
+    return _import_id_generator(_get_id_generator())
+
+
 # ---- OpenTelemetry OTLP exporters ----------------------------------------------------------------------------------
 
 #: How the OTLP exporters (gRPC and HTTP) start the warning they log before they wait to retry an export.

@@ -1,9 +1,9 @@
 """The providers the bridge builds from ``OTEL_*``, with the SDK's own configuration code.
 
 Exporter names and the OTLP protocol per signal, sampler and id generator come from
-``opentelemetry.sdk._configuration``; the resource from ``Resource.create`` plus torchrun's environment. One exporter
-that cannot be loaded or started is skipped (logged, counted), never the whole pipeline. Each worker of a node gets
-its own Prometheus port.
+``opentelemetry.sdk._configuration`` (through ``_compat``); the resource from ``Resource.create`` plus torchrun's
+environment. One exporter that cannot be loaded or started is skipped (logged, counted), never the whole pipeline.
+Each worker of a node gets its own Prometheus port.
 
 The providers are the SDK's, made to return in time (``_Bounded``): a user's own ``force_flush()`` or
 ``shutdown()`` through the plain OpenTelemetry API on a global provider the bridge built returns within
@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from torchelastic_otel import _bounded, _config, _counting, _health, _selftelemetry
+from torchelastic_otel import _bounded, _compat, _config, _counting, _health, _selftelemetry
 
 _logger = logging.getLogger("torchelastic_otel")
 
@@ -53,21 +53,16 @@ def exporter_classes(signal: str) -> dict[str, type]:
     one that cannot be (an unknown exporter, an invalid ``OTEL_EXPORTER_OTLP_*PROTOCOL``) is skipped with a warning
     and counted, so it costs neither the signal's other exporters nor the other signals.
     """
-    from opentelemetry.sdk._configuration import _get_exporter_entry_point, _import_exporters
-
     names = os.environ.get(SIGNAL_ENV[signal], _DEFAULT_EXPORTER)
     if not names or names.strip().lower() == "none":
         return {}
-    index = ("traces", "metrics", "logs").index(signal)
     classes: dict[str, type] = {}
     for requested in names.split(","):
         requested = requested.strip()
         if not requested:
             continue
         try:
-            args: list[list[str]] = [[], [], []]
-            args[index] = [_get_exporter_entry_point(requested, signal)]  # type: ignore[arg-type]
-            classes.update(_import_exporters(*args)[index])
+            classes.update(_compat.sdk_exporter_classes(signal, requested))
         except Exception as exc:
             _selftelemetry.count(_selftelemetry.DROPPED, signal, f"exporter_unavailable:{requested}")
             _logger.warning("torchelastic_otel: %s exporter %r is not available: %s", signal, requested, exc)
@@ -166,20 +161,14 @@ def _or_default(variable: str, load: Callable[[], Any]) -> Any:
 
 
 def build_tracer_provider(resource: Any) -> Any:
-    from opentelemetry.sdk._configuration import (
-        _get_id_generator,
-        _get_sampler,
-        _import_id_generator,
-        _import_sampler,
-    )
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = _bounded_class(TracerProvider, "traces")(
         shutdown_on_exit=False,  # the bridge's exit handler shuts it down, within a time bound
         resource=resource,
-        sampler=_or_default("OTEL_TRACES_SAMPLER", lambda: _import_sampler(_get_sampler())),
-        id_generator=_or_default("OTEL_PYTHON_ID_GENERATOR", lambda: _import_id_generator(_get_id_generator())),
+        sampler=_or_default("OTEL_TRACES_SAMPLER", _compat.sdk_sampler),
+        id_generator=_or_default("OTEL_PYTHON_ID_GENERATOR", _compat.sdk_id_generator),
     )
     for name, cls in exporter_classes("traces").items():
         exporter = construct("traces", name, cls)
