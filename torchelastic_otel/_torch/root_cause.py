@@ -24,6 +24,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchelastic_otel.events._otel import parse_error
+
 __all__ = ["FAILURE_DIR_ENV", "RootCause", "attributes", "find", "make_failure_dir", "write_failure"]
 
 FAILURE_DIR_ENV = "TORCHELASTIC_OTEL_FAILURE_DIR"
@@ -134,26 +136,21 @@ def _cause(rank: int, failure: Any, failure_dir: str | None, observed_ns: int) -
 
 
 def _from_error_file(cause: RootCause, failure: Any) -> None:
-    """torch's error file (a script decorated with ``@record``): ``{"message": {"message": "Type: text",
-    "extraInfo": {"py_callstack": ..., "timestamp": "<seconds>"}}}``."""
+    """torch's error file (a script decorated with ``@record``): its timestamp (whole seconds) and the exception,
+    read as the event mapping reads it (``events._otel.parse_error``)."""
     if getattr(failure, "error_file", _NOT_AVAILABLE) in ("", _NOT_AVAILABLE):
         return
     timestamp = _int_or_none(getattr(failure, "timestamp", None))
     if timestamp:
         cause.time_unix_nano, cause.time_source = timestamp * 1_000_000_000, "error_file"
     data = getattr(failure, "error_file_data", None)
-    inner = data.get("message") if isinstance(data, dict) else None
-    text = inner.get("message") if isinstance(inner, dict) else inner
-    if isinstance(text, str) and text:
-        head, sep, rest = text.partition(": ")
-        if sep and head.replace(".", "").replace("_", "").isalnum():
-            cause.exception_type, cause.exception_message = head, _cut(rest)
-        else:
-            cause.exception_message = _cut(text)
-    extra = inner.get("extraInfo") if isinstance(inner, dict) else None
-    stack = extra.get("py_callstack") if isinstance(extra, dict) else None
-    if isinstance(stack, str) and stack:
-        cause.exception_stacktrace = _cut(stack, keep_end=True)
+    parsed = parse_error(json.dumps(data)) if isinstance(data, dict) else None
+    if parsed is None:
+        return
+    kind, message, stack = parsed
+    cause.exception_type = kind
+    cause.exception_message = _cut(message) if message else None
+    cause.exception_stacktrace = _cut(stack, keep_end=True) if stack else None
 
 
 def _read_failure(failure_dir: str | None, pid: int | None) -> dict[str, Any] | None:

@@ -67,10 +67,12 @@ def _state_of(event: Event | RdzvEvent) -> str:
     return name[len(_STATUS_PREFIX) :] if name.startswith(_STATUS_PREFIX) else ""
 
 
-def _exception_attributes(error: Any, out: dict[str, Any]) -> None:
-    """Fill ``exception.*`` from torch's error-file JSON (``{"message": {"message", "extraInfo"}}``) or a traceback."""
+def parse_error(error: Any) -> tuple[str | None, str | None, str | None] | None:
+    """``(type, message, stacktrace)`` of torch's error-file JSON (``{"message": {"message": "Type: text",
+    "extraInfo": {"py_callstack": ...}}}``, as text) or of a traceback, uncut; ``None`` when there is nothing to
+    report (``"{}"``: torch found no error file). Shared by the event mapping and the agent's root cause."""
     if error is None or error == "":
-        return
+        return None
     text = _attributes.safe_str(error)
     message: Any = None
     stack: Any = None
@@ -87,21 +89,32 @@ def _exception_attributes(error: Any, out: dict[str, Any]) -> None:
         else:
             message = inner
         if not message and not stack:
-            return  # "{}": torch found no error file; nothing to report
+            return None
     else:
         stack = text
         lines = [line for line in text.strip().splitlines() if line.strip()]
         message = lines[-1].strip() if lines else text
+    kind = None
     if message is not None:
         message = _attributes.safe_str(message)
         head, sep, rest = message.partition(": ")
         if sep and head.replace(".", "").replace("_", "").isalnum() and " " not in head:
-            out["exception.type"] = head
-            out["exception.message"] = _attributes.attribute_value(rest)
-        else:
-            out["exception.message"] = _attributes.attribute_value(message)
+            kind, message = head, rest
+    return kind, message, (_attributes.safe_str(stack) if stack else None)
+
+
+def _exception_attributes(error: Any, out: dict[str, Any]) -> None:
+    """Fill ``exception.*`` from torch's error-file JSON or a traceback (:func:`parse_error`)."""
+    parsed = parse_error(error)
+    if parsed is None:
+        return
+    kind, message, stack = parsed
+    if kind is not None:
+        out["exception.type"] = kind
+    if message is not None:
+        out["exception.message"] = _attributes.attribute_value(message)
     if stack:
-        out["exception.stacktrace"] = _attributes.attribute_value(_attributes.safe_str(stack))
+        out["exception.stacktrace"] = _attributes.attribute_value(stack)
 
 
 def _event_attributes(event: Event) -> dict[str, Any]:
