@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ import pytest
 
 from tests._procs import Job
 from tests.otlp_receiver import OtlpReceiver
-from tests.test_torchrun import ROOT, is_worker, job_env, unique_id, c10d_args
+from tests.test_torchrun import ROOT, c10d_args, is_worker, job_env, unique_id
+from tests.test_worker_sigterm import failure_report
 
 pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
 
@@ -42,22 +44,26 @@ def failed_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
     """``run(record)``: the failed job's outcome (run once per flavour): exit code, output and what arrived."""
     tmp = tmp_path_factory.mktemp("root_cause")
     outcomes: dict[bool, dict[str, Any]] = {}
+    plain_jobs: dict[bool, Job] = {}
     started: list[Job] = []
+
+    def start(launcher: str, record: bool, env: dict[str, str]) -> Job:
+        cmd = [sys.executable, "-m", launcher, "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "0",
+               *c10d_args(unique_id("root-cause")), str(WORKER), *(["--record"] if record else [])]  # fmt: skip
+        output = tmp / f"{launcher}-{record}.log"
+        with open(output, "wb") as out:
+            proc = subprocess.Popen([str(c) for c in cmd], env=env, cwd=ROOT, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+        job = Job(proc, output)
+        started.append(job)
+        job.wait(timeout=90)
+        return job
 
     def run(record: bool) -> dict[str, Any]:
         if record in outcomes:
             return outcomes[record]
-        run_id = unique_id("root-cause")
         with OtlpReceiver() as rx:
-            cmd = [sys.executable, "-m", "torchelastic_otel.run", "--nnodes", "1", "--nproc-per-node", "2",
-                   "--max-restarts", "0", *c10d_args(run_id), str(WORKER), *(["--record"] if record else [])]  # fmt: skip
-            output = tmp / f"job-{record}.log"
-            with open(output, "wb") as out:
-                proc = subprocess.Popen([str(c) for c in cmd], env=job_env(rx), cwd=ROOT, stdout=out,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
-            job = Job(proc, output)
-            started.append(job)
-            job.wait(timeout=90)
+            job = start("torchelastic_otel.run", record, job_env(rx))
             rx.wait_for(lambda r: r.logs(ROOT_CAUSE) and r.spans("torchelastic.run")
                         and r.metric_points("torchelastic.root_cause.time"), timeout=10, interval=0.1)  # fmt: skip
             outcomes[record] = {
@@ -65,11 +71,31 @@ def failed_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
             }  # fmt: skip
         return outcomes[record]
 
+    def plain(record: bool) -> Job:
+        """The same job under plain torchrun (no bridge, no receiver)."""
+        if record not in plain_jobs:
+            env = {k: v for k, v in job_env(types.SimpleNamespace(grpc_endpoint="")).items() if not k.startswith("OTEL_")}
+            plain_jobs[record] = start("torch.distributed.run", record, env)
+        return plain_jobs[record]
+
+    run.plain = plain  # type: ignore[attr-defined]
+
     try:
         yield run
     finally:
         for job in started:
             job.kill()
+
+
+@pytest.mark.parametrize("record", [False, True], ids=["plain-script", "torch-record"])
+def test_the_job_ends_as_under_plain_torchrun(failed_jobs: Any, record: bool) -> None:
+    """Same exit code and the same failed ranks in torch's failure report as plain torchrun's job; rank 1 exits 1
+    in both (rank 0 ends either in gloo's error or by the agent's SIGTERM, in either job)."""
+    bridged, plain = failed_jobs(record)["job"], failed_jobs.plain(record)
+    assert bridged.returncode == plain.returncode == 1, (bridged.tail(), plain.tail())
+    ours, theirs = failure_report(bridged.output()), failure_report(plain.output())
+    assert set(ours) == set(theirs) == {0, 1}, (bridged.tail(), plain.tail())
+    assert ours[1][0] == theirs[1][0] == 1
 
 
 def _worker_pid(outcome: dict[str, Any], rank: int) -> int:
