@@ -2,7 +2,8 @@
 
 Each agent reports the first failure among its own workers; only a query over all agents finds the job's first.
 Two ``torchelastic-otel run`` agents (through ``tests/_stack_launcher.py``, which keeps an agent's Prometheus endpoint
-up after its run so its final values are scraped) join one c10d rendezvous on 127.0.0.1, 2 workers each
+up after its run so its final values are scraped) join one c10d rendezvous on 127.0.0.1 (its store hosted by the
+test, as a dedicated store host would be, so the agents' exits do not take it down), 2 workers each
 (``tests/_root_cause_worker.py --fail-rank 3``): global rank 3, on the second agent, raises while ranks 0-2 wait for
 it in a gloo ``all_reduce``; gloo then fails ranks 0 and 1 on the first agent (and rank 2 on the second), later by
 causality. Debian's ``prometheus`` scrapes both agents every second. The README's query must name rank 3.
@@ -11,6 +12,7 @@ causality. Debian's ``prometheus`` scrapes both agents every second. The README'
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ except ModuleNotFoundError:  # tests/ is not a package in this checkout
 
 pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
 yaml = pytest.importorskip("yaml")
+from torch.distributed import TCPStore  # noqa: E402
 
 WORKER = Path(__file__).with_name("_root_cause_worker.py")
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -44,7 +47,11 @@ def test_readme_query_names_the_rank_that_failed_first_across_agents(tmp_path: P
     avoid = {base + i for base in bases for i in range(3)}
     prom = stack.Prometheus(stack.prometheus_bin(), tmp_path / "prometheus", _config(bases), avoid=avoid)
     run_id = unique_id("first-failure")
-    rdzv = c10d_args(run_id, free_port())
+    # The rendezvous store is hosted here, not by an agent: the failing rank's agent exits at once (no restarts),
+    # and the other agent must outlive it to see its own workers fail and report them.
+    store_port = free_port()
+    store = TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    rdzv = [*c10d_args(run_id, store_port), "--rdzv-conf", "is_host=false"]
     agents: list[stack.Proc] = []
     flags = [tmp_path / f"flags{i}" for i in range(2)]
     prom.start()
@@ -75,6 +82,7 @@ def test_readme_query_names_the_rank_that_failed_first_across_agents(tmp_path: P
         for agent in agents:
             agent.stop()
         prom.stop()
+        del store  # the server stops with the object
 
     assert len(first) == 1, per_agent
     labels = first[0]["metric"]
