@@ -90,12 +90,14 @@ def failed_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
 @pytest.mark.parametrize("record", [False, True], ids=["plain-script", "torch-record"])
 def test_the_job_ends_as_under_plain_torchrun(failed_jobs: Any, record: bool) -> None:
     """Same exit code and the same failed ranks in torch's failure report as plain torchrun's job; rank 1 exits 1
-    in both (rank 0 ends either in gloo's error or by the agent's SIGTERM, in either job)."""
+    in both -- or aborts (SIGABRT) while the interpreter tears down a live gloo group, which torch does now and then
+    with or without the bridge (seen under plain torchrun too) -- and rank 0 ends in gloo's error or by the agent's
+    SIGTERM, in either job."""
     bridged, plain = failed_jobs(record)["job"], failed_jobs.plain(record)
     assert bridged.returncode == plain.returncode == 1, (bridged.tail(), plain.tail())
     ours, theirs = failure_report(bridged.output()), failure_report(plain.output())
     assert set(ours) == set(theirs) == {0, 1}, (bridged.tail(), plain.tail())
-    assert ours[1][0] == theirs[1][0] == 1
+    assert {ours[1][0], theirs[1][0]} <= {1, -signal.SIGABRT}, (ours, theirs)
 
 
 def _worker_pid(outcome: dict[str, Any], rank: int) -> int:
