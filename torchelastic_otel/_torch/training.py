@@ -1,0 +1,79 @@
+"""A torchrun worker's training telemetry, set up by ``worker.install()``: steps, stragglers, stalls, missing ranks.
+
+- ``steps``: torch's global optimizer step post hook marks each step, once the script imports torch's optimizers
+  (``imports.when_imported``: installing imports no torch);
+- ``collectives``: torch's Flight Recorder stays on (``TORCH_FR_BUFFER_SIZE`` defaults to 2,000 entries here, torch
+  2.13's own default for gloo; a value you set wins, ``0`` turns it off): it costs ~1 µs a collective (measured on
+  gloo, ``bench/bench_steps.py``), the bridge reads it from its own thread;
+- ``stalls``: the watchdog, every second on the drainer's thread (``_drainer.add_periodic``);
+- the ``torchelastic.worker.terminated`` and ``torchelastic.worker.exception`` records of a stopped rank carry the
+  same summary of its collectives as a stalled record (``torchelastic.collectives.<group>.*``): ``worker``'s
+  metadata function is wrapped (in ``patches``, undone by ``uninstall()``).
+
+``TORCHELASTIC_OTEL_STEPS=0`` turns all of it off.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torchelastic_otel._torch.patches import Patches
+
+__all__ = ["install", "enabled", "FLIGHT_RECORDER_ENTRIES"]
+
+#: The Flight Recorder's size the bridge asks for when the job sets none (torch 2.13's default for gloo).
+FLIGHT_RECORDER_ENTRIES = "2000"
+_OPTIMIZER_MODULE = "torch.optim.optimizer"
+#: Seconds between two looks of the watchdog.
+TICK_SECONDS = 1.0
+
+
+def enabled() -> bool:
+    return os.environ.get("TORCHELASTIC_OTEL_STEPS", "1").strip() != "0"
+
+
+def install(patches: Patches) -> None:
+    """Set up the training telemetry of this torchrun worker (see the module's docstring)."""
+    if not enabled():
+        return
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
+    _hook_optimizers(patches)
+    from torchelastic_otel import _drainer
+    from torchelastic_otel._torch import stalls
+
+    watchdog = stalls.Watchdog()
+    patches.on_restore(_drainer.add_periodic(watchdog.tick, TICK_SECONDS))
+    _summary_on_final_records(patches)
+
+
+def _hook_optimizers(patches: Patches) -> None:
+    from torchelastic_otel._torch import imports, steps
+
+    handles: list[Any] = []
+
+    def hook(module: Any) -> None:
+        handles.append(module.register_optimizer_step_post_hook(steps.optimizer_hook))
+
+    imports.when_imported(_OPTIMIZER_MODULE, hook)
+
+    def undo() -> None:
+        imports.cancel(_OPTIMIZER_MODULE, hook)
+        while handles:
+            handles.pop().remove()
+
+    patches.on_restore(undo)
+
+
+def _summary_on_final_records(patches: Patches) -> None:
+    """The terminated and exception records take their metadata from ``worker._worker_metadata``: add the summary."""
+    from torchelastic_otel._torch import collectives, worker
+
+    metadata = getattr(worker, "_worker_metadata", None)
+    if metadata is None:
+        return
+
+    def with_collectives() -> dict[str, Any]:
+        return {**metadata(), **collectives.summary_attributes()}
+
+    patches.set(worker, "_worker_metadata", with_collectives)
