@@ -75,6 +75,11 @@ th { background: var(--panel); font-weight: 600; }
 table.metrics td:nth-child(n+3) { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 table.metrics td:nth-child(2) { white-space: nowrap; color: var(--muted); }
 tr.root-cause td { background: #fdf0f0; }
+tr.straggler td, p.missing, p.straggler-line { background: #fdf0f0; }
+p.missing, p.straggler-line { border-left: 4px solid var(--fail); padding: 4px 10px; }
+table.stragglers td:nth-child(n+4) { text-align: right; font-variant-numeric: tabular-nums; }
+table.stalls { width: 100%; table-layout: fixed; } table.stalls td { overflow-wrap: anywhere; }
+table.stalls th:nth-child(-n+4) { width: 90px; }
 table.failures, table.logs { width: 100%; table-layout: fixed; }
 table.failures td, table.logs td { overflow-wrap: anywhere; }
 table.failures th:nth-child(-n+2) { width: 72px; } table.failures th:nth-child(3) { width: 190px; }
@@ -129,7 +134,8 @@ SCRIPT = r"""
     this.section = document.getElementById("job-" + job.index);
     this.box = this.section.querySelector(".timeline");
     this.details = this.section.querySelector(".details");
-    this.chartsBox = this.section.querySelector(".charts");
+    this.chartsBox = this.section.querySelector(".charts:not(.training)");
+    this.trainingBox = this.section.querySelector(".charts.training");
     this.full = { a: -job.end * 0.01, b: job.end * 1.01 + 1 };
     this.view = { a: this.full.a, b: this.full.b };
     this.bind();
@@ -280,13 +286,17 @@ SCRIPT = r"""
 
   JobView.prototype.drawCharts = function () {
     var self = this;
+    if (this.trainingBox) {
+      this.trainingBox.textContent = "";
+      (this.job.training || []).forEach(function (chart, i) { self.drawChart(chart, "t" + i, self.trainingBox); });
+    }
     if (!this.chartsBox) { return; }
     this.chartsBox.textContent = "";
-    this.job.charts.forEach(function (chart, i) { self.drawChart(chart, i); });
+    this.job.charts.forEach(function (chart, i) { self.drawChart(chart, i, self.chartsBox); });
   };
 
-  JobView.prototype.drawChart = function (chart, index) {
-    var box = html("div", "chart", this.chartsBox);
+  JobView.prototype.drawChart = function (chart, index, container) {
+    var box = html("div", "chart", container);
     box.setAttribute("data-metric", chart.title);
     html("h4", "", box, chart.title + (chart.unit ? " [" + chart.unit + "]" : "") +
          (chart.kind === "histogram" ? " (mean)" : ""));

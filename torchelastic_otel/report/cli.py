@@ -1,6 +1,8 @@
 """The ``report`` command: read, build, print the terminal report, write the HTML file, say where it is.
 
-Its last line is ``report: <path of the HTML file>``. Bad input never ends in a traceback: a path that does not
+Its last line is ``report: <path of the HTML file>``. With ``--json`` it prints a machine-readable summary instead
+(``training.summary``: per run its outcome, attempts, root cause, restarts, stragglers, stalls and missing ranks)
+and writes the HTML file only when ``--html`` names one. Bad input never ends in a traceback: a path that does not
 exist or holds no OTLP is a one-line error (exit status 2); lines that cannot be read are skipped and counted in
 the report itself.
 """
@@ -8,13 +10,15 @@ the report itself.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
 from pathlib import Path
 
-from torchelastic_otel.report import html, model, terminal
+from torchelastic_otel.report import html, model, terminal, training
 from torchelastic_otel.report.otlpjson import ReportError, read
+from torchelastic_otel.report.records import Telemetry
 
 DEFAULT_HTML = "torchelastic-report.html"
 
@@ -26,7 +30,11 @@ def parser() -> argparse.ArgumentParser:
         "Collector's file exporter) in the terminal and as one self-contained HTML file.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="OTLP JSON Lines files, or directories holding them")
-    p.add_argument("--html", metavar="FILE", default=DEFAULT_HTML, help=f"HTML file to write (default: {DEFAULT_HTML})")
+    p.add_argument("--html", metavar="FILE", default=None,
+                   help=f"HTML file to write (default: {DEFAULT_HTML}; with --json only when given)")
+    p.add_argument("--json", action="store_true",
+                   help="print a machine-readable summary instead (run, attempts, root cause, restarts, stragglers, "
+                   "stalls, missing ranks) for CI pipelines and scripts")
     p.add_argument("--width", type=int, default=0, help="columns of the terminal report (default: the terminal's)")
     p.add_argument("--quiet", action="store_true", help="print only the last line (where the HTML report is)")
     return p
@@ -40,15 +48,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torchelastic-otel report: {exc}", file=sys.stderr)
         return 2
     jobs = model.build(tel)
+    if args.json:
+        print(json.dumps(training.summary(jobs, dict(tel.problems.counts)), indent=2, default=str))
+        return _write_html(tel, jobs, Path(args.html), quiet=True) if args.html else 0
     if not args.quiet:
         width = args.width or shutil.get_terminal_size((110, 24)).columns
         print(terminal.render(tel, jobs, width=max(60, width), color=terminal.use_color(sys.stdout)))
-    out = Path(args.html)
+    return _write_html(tel, jobs, Path(args.html or DEFAULT_HTML))
+
+
+def _write_html(tel: Telemetry, jobs: list[model.Job], out: Path, quiet: bool = False) -> int:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(html.render(tel, jobs), encoding="utf-8")
     except OSError as exc:
         print(f"torchelastic-otel report: cannot write {out}: {exc}", file=sys.stderr)
         return 2
-    print(f"report: {os.path.abspath(out)}")
+    print(f"report: {os.path.abspath(out)}", file=sys.stderr if quiet else sys.stdout)
     return 0

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from torchelastic_otel.report import _assets, timeline, tree
+from torchelastic_otel.report import _assets, timeline, training, tree
 from torchelastic_otel.report import metrics as metrics_mod
 from torchelastic_otel.report.model import IOSTREAM, Attempt, Job, WorkerRun, as_str, output_lines
 from torchelastic_otel.report.records import SEVERITY_WARN, LogRecord, Problems, Telemetry
@@ -97,6 +97,7 @@ def _job_data(job: Job, index: int, limits: Limits) -> dict[str, Any]:
     all_streams = metrics_mod.streams(job.points)
     charts = metrics_mod.charts(all_streams, limits.charts, limits.series, limits.points)
     return {
+        "training": _arrival_chart(job, limits),
         "index": index,
         "end": _ms(job, job.end),
         "rows": [_row_data(job, r) for r in rows],
@@ -115,6 +116,20 @@ def _job_data(job: Job, index: int, limits: Limits) -> dict[str, Any]:
             for c in charts
         ],
     }
+
+
+def _arrival_chart(job: Job, limits: Limits) -> list[dict[str, Any]]:
+    """The per-rank chart of the straggler signal: each rank's arrival between two exports of its metrics."""
+    series = training.analyze(job).arrival_series[: limits.series]
+    if not series:
+        return []
+    return [{
+        "title": training.ARRIVAL + " per rank",
+        "unit": "s",
+        "kind": "arrival",
+        "series": [{"label": s.label, "rank": s.rank, "restart": s.restart,
+                    "points": [[_ms(job, t), _finite(v)] for t, v in s.points]} for s in series],
+    }]  # fmt: skip
 
 
 def _finite(value: float) -> float | None:
@@ -159,6 +174,7 @@ def _job_html(job: Job, index: int, limits: Limits) -> str:
         '<pre class="details" aria-live="polite">click a bar or a mark for its details</pre>',
         _legend(),
         _root_cause_html(job, limits),
+        _training_html(job, index, limits),
         "<h3>Metrics</h3>",
         f'<div class="charts" data-job="{index}"></div>',
         _failures_html(job, limits),
@@ -218,6 +234,69 @@ def _cause_html(job: Job, attempt: Attempt, limits: Limits) -> str:
         parts.append(f"<p>last output lines of rank {e(cause.rank)}:</p>" + _pre(cause.output, limits, "output"))
     parts.append("</div>")
     return "\n".join(parts)
+
+
+def _training_html(job: Job, index: int, limits: Limits) -> str:
+    """Missing ranks, the straggler table with the per-rank chart, and the stalls (``training``)."""
+    found = training.analyze(job)
+    if not found:
+        return ""
+    out = []
+    if found.missing:
+        out.append("<h3>Missing from a collective</h3>")
+        for m in found.missing:
+            out.append(f'<p class="missing" data-ranks="{e(",".join(map(str, m.ranks)))}" data-seq="{m.seq}" '
+                       f'data-group="{e(m.process_group)}">attempt {m.restart}: {e(m.sentence)} '
+                       f"(ranks {e(', '.join(map(str, m.waiting)))} waited in it)</p>")  # fmt: skip
+    if any(r.arrival is not None for r in found.ranks):
+        out.append(_stragglers_html(found, index))
+    if found.stalls:
+        out.append(_stalls_html(job, found.stalls, limits))
+    return "\n".join(out)
+
+
+def _stragglers_html(found: training.Training, index: int) -> str:
+    ms = lambda v: "" if v is None else f"{v * 1000:,.1f} ms"  # noqa: E731
+    out = ["<h3>Stragglers</h3>",
+           f"<p class=note>Each rank's mean arrival at its steps' last collective (from the start of the step to its "
+           f"enqueueing of that collective) against the attempt's median rank: {training.STRAGGLER_RATIO}x or more "
+           "is a straggler. Step time is the same on every rank of a synchronous job: the fast ranks wait for the "
+           "slow one inside the collective.</p>"]  # fmt: skip
+    for r in found.stragglers:
+        out.append(f'<p class="straggler-line" data-rank="{r.rank}">attempt {r.restart}: rank {r.rank}'
+                   f"{' (' + e(r.host) + ')' if r.host else ''} is a straggler: {r.ratio:.2f}x the median rank</p>")
+    out.append("<table class=stragglers><thead><tr><th>attempt</th><th>rank</th><th>host</th><th>arrival</th>"
+               "<th>ratio</th><th>step time</th><th>steps</th></tr></thead><tbody>")  # fmt: skip
+    for r in found.ranks:
+        ratio = f"{r.ratio:.2f}" if r.ratio is not None else ""
+        out.append(f'<tr class="{"straggler" if r.straggler else ""}" data-rank="{r.rank}" data-restart="{r.restart}">'
+                   f"<td>{r.restart}</td><td>{r.rank}</td><td>{e(r.host)}</td><td>{ms(r.arrival)}</td>"
+                   f"<td>{ratio}</td><td>{ms(r.step)}</td><td>{r.steps}</td></tr>")  # fmt: skip
+    out.append("</tbody></table>")
+    out.append(f'<div class="charts training" data-job="{index}"></div>')
+    return "\n".join(out)
+
+
+def _stalls_html(job: Job, stalls: list[training.Stall], limits: Limits) -> str:
+    out = ["<h3>Stalls</h3>", "<table class=stalls><thead><tr><th>attempt</th><th>rank</th><th>stalled at</th>"
+           "<th>for</th><th>where</th></tr></thead><tbody>"]  # fmt: skip
+    for stall in stalls[: limits.failures]:
+        groups = "; ".join(
+            f"{g}: last enqueued #{f.get('last_enqueued')}, completed #{f.get('last_completed')}"
+            + (f", pending #{f.get('pending_seq')} {f.get('pending')}" if f.get("pending") else "")
+            for g, f in sorted(stall.collectives.items())
+        )
+        details = f"<details><summary>stacks</summary>{_pre([stall.stack], limits)}</details>" if stall.stack else ""
+        out.append(f'<tr data-rank="{e(stall.rank)}" data-restart="{stall.restart}"><td>{stall.restart}</td>'
+                   f"<td>{e(stall.rank)}</td><td>{e(timeline.seconds(job, stall.since))}</td>"
+                   f"<td>{stall.seconds:.1f} s{f' ({stall.records} records)' if stall.records > 1 else ''}</td>"
+                   f"<td><code class=stack-top>{e(stall.stack_top)}</code>"
+                   f"{'<br>your code: <code>' + e(stall.code) + '</code>' if stall.code else ''}"
+                   f"{'<br>' + e(groups) if groups else ''}{details}</td></tr>")  # fmt: skip
+    out.append("</tbody></table>")
+    if len(stalls) > limits.failures:
+        out.append(f"<p class=note>{len(stalls) - limits.failures} more stalls not listed</p>")
+    return "\n".join(out)
 
 
 def _pre(lines: list[str], limits: Limits, cls: str = "") -> str:

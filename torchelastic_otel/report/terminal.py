@@ -11,7 +11,7 @@ import textwrap
 from typing import IO
 
 from torchelastic_otel.report import metrics as metrics_mod
-from torchelastic_otel.report import timeline, tree
+from torchelastic_otel.report import timeline, training, tree
 from torchelastic_otel.report.model import Attempt, Job, RootCause
 from torchelastic_otel.report.records import Problems, Telemetry
 
@@ -70,6 +70,7 @@ def _job(out: Text, tel: Telemetry, job: Job, width: int) -> None:
     out.heading(out.paint(outcome_line(job), code))
     _timeline(out, job, width)
     _root_causes(out, job)
+    _training(out, job)
     out.heading("TRACE")
     for line in tree.render(job.spans, max_lines=80):
         out.add(line)
@@ -178,6 +179,64 @@ def _cause_details(out: Text, cause: RootCause) -> None:
         out.add("  last output lines of the rank:")
         for line in cause.output[-8:]:
             out.add("    " + textwrap.shorten(line, 160, placeholder="..."))
+
+
+# ---- training: stragglers, stalls, missing ranks -------------------------------------------------------------
+
+_MAX_STALLS = 16
+
+
+def _training(out: Text, job: Job) -> None:
+    found = training.analyze(job)
+    if found.missing:
+        out.heading("MISSING FROM A COLLECTIVE  (the other ranks waited for them inside it)")
+        for missing in found.missing:
+            waited = ", ".join(map(str, missing.waiting))
+            out.add(out.paint(f"attempt {missing.restart}: {missing.sentence}", _RED) +
+                    f" (rank{'s' if len(missing.waiting) > 1 else ''} {waited} waited in it)")  # fmt: skip
+    if any(r.arrival is not None for r in found.ranks):
+        _stragglers(out, found)
+    if found.stalls:
+        _stalls(out, job, found.stalls)
+
+
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1000:,.1f} ms"
+
+
+def _stragglers(out: Text, found: training.Training) -> None:
+    out.heading(f"STRAGGLERS  (arrival at each step's last collective against the attempt's median rank; "
+                f"{training.STRAGGLER_RATIO}x or more is a straggler)")  # fmt: skip
+    for rank in found.stragglers:
+        out.add(out.paint(f"attempt {rank.restart}: rank {rank.rank}{' (' + rank.host + ')' if rank.host else ''} is "
+                          f"a straggler: {rank.ratio:.2f}x the median rank", _RED))  # fmt: skip
+    if not found.stragglers:
+        out.add("no straggler: every rank arrives within "
+                f"{training.STRAGGLER_RATIO}x of the median rank")  # fmt: skip
+    out.add(f"{'attempt':>7} {'rank':>5}  {'host':<16}{'arrival':>12}{'ratio':>8}{'step time':>12}{'steps':>8}")
+    for rank in found.ranks:
+        ratio = f"{rank.ratio:.2f}" if rank.ratio is not None else ""
+        line = (f"{rank.restart:>7} {rank.rank:>5}  {rank.host[:15]:<16}{_ms(rank.arrival):>12}{ratio:>8}"
+                f"{_ms(rank.step):>12}{rank.steps:>8}")  # fmt: skip
+        out.add(out.paint(line + "  <- straggler", _RED) if rank.straggler else line)
+    out.add(out.paint("  step time is the same on every rank of a synchronous job: the fast ranks wait for the slow "
+                      "one inside the collective", _DIM))  # fmt: skip
+
+
+def _stalls(out: Text, job: Job, stalls: list[training.Stall]) -> None:
+    out.heading("STALLS  (torchelastic.worker.stalled: no step and no collective completed for the threshold)")
+    for stall in stalls[:_MAX_STALLS]:
+        repeats = f", {stall.records} records" if stall.records > 1 else ""
+        out.add(f"attempt {stall.restart}: rank {stall.rank} stalled at {timeline.seconds(job, stall.since)} for "
+                f"{stall.seconds:.1f} s{repeats}: {stall.stack_top or '(no stack)'}")  # fmt: skip
+        if stall.code:
+            out.add(f"    your code: {stall.code}")
+        for group, fields in sorted(stall.collectives.items()):
+            pending = f", pending #{fields.get('pending_seq')} {fields.get('pending')}" if fields.get("pending") else ""
+            out.add(f"    {group}: last enqueued #{fields.get('last_enqueued')}, "
+                    f"completed #{fields.get('last_completed')}{pending}")  # fmt: skip
+    if len(stalls) > _MAX_STALLS:
+        out.add(f"... {len(stalls) - _MAX_STALLS} more stalls (see --json or the HTML report)")
 
 
 # ---- metrics ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,365 @@
+"""What the report says about a job's training: stragglers, stalled ranks, and the ranks missing from a collective.
+
+From the workers' own telemetry (``torchelastic_otel._torch.steps`` / ``collectives`` / ``stalls``):
+
+- **stragglers**: each worker's mean *arrival* (``torchelastic.worker.step.arrival``: from the start of a step to
+  its enqueueing of the step's last collective) against the median of the ranks of the same attempt, on every node
+  whose files are read. A rank at ``STRAGGLER_RATIO`` (1.2, as the alert ``TorchElasticStraggler``) or more is a
+  straggler. Step time (``torchelastic.worker.step.duration``) is shown beside it: it is the same for every rank of a
+  synchronous job, which is why it cannot name the slow one;
+- **stalls**: the ``torchelastic.worker.stalled`` records, one stall per rank and start (its repeats counted), with
+  the innermost frame of the main thread (``stack_top``) and the line of the user's code (``code``);
+- **missing ranks**: per attempt and process group, the latest summary of each rank's collectives (from its
+  stalled, terminated and exception records: ``torchelastic.collectives.<group>.*``); where some ranks enqueued
+  collective #N and had not completed it, the ranks whose last one is below N are missing from it:
+  "rank 1 is missing from collective #11, gloo:all_reduce, default_pg".
+
+:func:`summary` is the machine-readable form (``torchelastic-otel report --json``).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchelastic_otel.report.model import (
+    EXCEPTION_EVENT,
+    TERMINATED_EVENT,
+    Job,
+    as_int,
+    as_str,
+)
+from torchelastic_otel.report.records import LogRecord, Point
+
+__all__ = ["Training", "RankSteps", "Stall", "Missing", "analyze", "summary", "STRAGGLER_RATIO"]
+
+STRAGGLER_RATIO = 1.2
+ARRIVAL = "torchelastic.worker.step.arrival"
+DURATION = "torchelastic.worker.step.duration"
+STALLED_EVENT = "torchelastic.worker.stalled"
+_SUMMARY_EVENTS = (STALLED_EVENT, TERMINATED_EVENT, EXCEPTION_EVENT)
+_COLLECTIVES = "torchelastic.collectives."
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+), in (?P<function>.*)$')
+
+
+@dataclass
+class RankSteps:
+    """One rank's steps in one attempt."""
+
+    rank: int
+    restart: int
+    host: str
+    arrival: float | None  # mean seconds to the step's last collective
+    arrival_steps: int
+    step: float | None  # mean step time, seconds
+    steps: int
+    ratio: float | None = None  # arrival / the attempt's median rank's
+
+    @property
+    def straggler(self) -> bool:
+        return self.ratio is not None and self.ratio >= STRAGGLER_RATIO
+
+
+@dataclass
+class Stall:
+    rank: int | None
+    restart: int
+    host: str
+    since: int  # ns since the epoch: the rank's last progress
+    first_record: int
+    seconds: float  # the longest the stall was seen to last
+    records: int
+    stack_top: str  # the innermost frame of the main thread
+    code: str  # the main thread's line of the user's code
+    stack: str
+    collectives: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Missing:
+    restart: int
+    process_group: str
+    seq: int
+    collective: str
+    ranks: list[int]  # behind: their last collective is below ``seq``
+    waiting: list[int]  # enqueued ``seq`` and did not complete it
+
+    @property
+    def sentence(self) -> str:
+        who = f"rank{'s' if len(self.ranks) > 1 else ''} {', '.join(map(str, self.ranks))}"
+        verb = "are" if len(self.ranks) > 1 else "is"
+        what = ", ".join(part for part in (self.collective, self.process_group) if part)
+        return f"{who} {verb} missing from collective #{self.seq}, {what}"
+
+
+@dataclass
+class Series:
+    label: str
+    rank: int
+    restart: int
+    points: list[tuple[int, float]]
+
+
+@dataclass
+class Training:
+    ranks: list[RankSteps]
+    stalls: list[Stall]
+    missing: list[Missing]
+    arrival_series: list[Series]
+
+    @property
+    def stragglers(self) -> list[RankSteps]:
+        return [r for r in self.ranks if r.straggler]
+
+    def __bool__(self) -> bool:
+        return bool(self.ranks or self.stalls or self.missing)
+
+
+def analyze(job: Job) -> Training:
+    return Training(_rank_steps(job), _stalls(job), _missing(job), _arrival_series(job))
+
+
+# ---- steps and stragglers -------------------------------------------------------------------------------------
+
+
+def _worker_points(job: Job, name: str) -> dict[tuple[int, int], list[Point]]:
+    """The points of ``name`` per (restart, rank), from the workers' own processes."""
+    out: dict[tuple[int, int], list[Point]] = collections.defaultdict(list)
+    for point in job.points:
+        proc = point.proc
+        if point.name == name and proc.kind == "worker" and proc.rank is not None and point.count:
+            out[(proc.restart or 0, proc.rank)].append(point)
+    return out
+
+
+def _last(points: list[Point]) -> Point:
+    """The cumulative point that saw the most (a histogram's points are cumulative)."""
+    return max(points, key=lambda p: (p.count or 0, p.time))
+
+
+def _rank_steps(job: Job) -> list[RankSteps]:
+    arrivals = _worker_points(job, ARRIVAL)
+    durations = _worker_points(job, DURATION)
+    hosts = {(p.proc.restart or 0, p.proc.rank): p.proc.host for p in job.points if p.proc.kind == "worker"}
+    out = []
+    for key in sorted(set(arrivals) | set(durations)):
+        arrival = _last(arrivals[key]) if key in arrivals else None
+        duration = _last(durations[key]) if key in durations else None
+        out.append(RankSteps(
+            rank=key[1], restart=key[0], host=hosts.get(key, ""),
+            arrival=arrival.value if arrival is not None else None,
+            arrival_steps=(arrival.count or 0) if arrival is not None else 0,
+            step=duration.value if duration is not None else None,
+            steps=(duration.count or 0) + 1 if duration is not None else 0,
+        ))  # fmt: skip
+    for restart in {r.restart for r in out}:
+        same = [r for r in out if r.restart == restart and r.arrival is not None]
+        if len(same) < 2:
+            continue
+        median = statistics.median(r.arrival for r in same)  # type: ignore[misc]
+        for r in same:
+            r.ratio = r.arrival / median if median > 0 else None  # type: ignore[operator]
+    return out
+
+
+def _arrival_series(job: Job, max_points: int = 150) -> list[Series]:
+    """Each worker's arrival over time: the mean of the steps between two exports (the points are cumulative)."""
+    out = []
+    for (restart, rank), points in sorted(_worker_points(job, ARRIVAL).items()):
+        line: list[tuple[int, float]] = []
+        previous: Point | None = None
+        for point in sorted(points, key=lambda p: (p.count or 0, p.time)):
+            if point.value is None:
+                continue
+            if previous is None:
+                line.append((point.time, point.value))
+            elif (point.count or 0) > (previous.count or 0):
+                added = point.value * (point.count or 0) - previous.value * (previous.count or 0)  # type: ignore[operator]
+                line.append((point.time, added / ((point.count or 0) - (previous.count or 0))))
+            previous = point
+        if len(line) >= 2:
+            out.append(Series(f"rank {rank}, restart {restart}", rank, restart, _thin(line, max_points)))
+    return out
+
+
+def _thin(points: list[tuple[int, float]], limit: int) -> list[tuple[int, float]]:
+    if len(points) <= limit:
+        return points
+    step = (len(points) - 1) / (limit - 1)
+    return [points[round(i * step)] for i in range(limit)]
+
+
+# ---- stalls ------------------------------------------------------------------------------------------------
+
+
+def _rank_of(rec: LogRecord) -> int | None:
+    return rec.proc.rank if rec.proc.rank is not None else as_int(rec.attrs.get("torchelastic.global_rank"))
+
+
+def _restart_of(rec: LogRecord) -> int:
+    if rec.proc.restart is not None:
+        return rec.proc.restart
+    return as_int(rec.attrs.get("torchelastic.restart_count")) or 0
+
+
+def stack_top(stack: str) -> str:
+    """The innermost frame of the first (main) thread of a ``torchelastic.stack`` text: ``path:line in function``."""
+    top = ""
+    for line in stack.splitlines():
+        if line.startswith("Thread ") and top:
+            break
+        match = _FRAME.match(line)
+        if match:
+            top = f"{match['path']}:{match['line']} in {match['function']}"
+    return top
+
+
+def _code(attrs: dict[str, Any]) -> str:
+    path = as_str(attrs.get("code.file.path"))
+    if not path:
+        return ""
+    return f"{path}:{as_str(attrs.get('code.line.number'))} in {as_str(attrs.get('code.function.name'))}"
+
+
+def _stalls(job: Job) -> list[Stall]:
+    found: dict[tuple[int, int | None, int], Stall] = {}
+    for rec in sorted((r for r in job.logs if r.name == STALLED_EVENT), key=lambda r: r.time):
+        since = as_int(rec.attrs.get("torchelastic.stalled.since_unix_nano")) or rec.time
+        key = (_restart_of(rec), _rank_of(rec), since)
+        seconds = _float(rec.attrs.get("torchelastic.stalled.seconds"))
+        stack = as_str(rec.attrs.get("torchelastic.stack"))
+        stall = found.get(key)
+        if stall is None:
+            found[key] = Stall(key[1], key[0], rec.proc.host, since, rec.time, seconds, 1, stack_top(stack),
+                               _code(rec.attrs), stack, collectives_of(rec.attrs))  # fmt: skip
+            continue
+        stall.records += 1
+        stall.seconds = max(stall.seconds, seconds)
+        stall.stack_top, stall.code = stack_top(stack) or stall.stack_top, _code(rec.attrs) or stall.code
+        stall.stack, stall.collectives = stack or stall.stack, collectives_of(rec.attrs) or stall.collectives
+    return sorted(found.values(), key=lambda s: (s.restart, s.since, s.rank if s.rank is not None else -1))
+
+
+def _float(raw: Any) -> float:
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+# ---- missing ranks ---------------------------------------------------------------------------------------------
+
+
+def collectives_of(attrs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``torchelastic.collectives.<group>.<field>`` attributes -> ``{group: {field: value}}``."""
+    out: dict[str, dict[str, Any]] = collections.defaultdict(dict)
+    for key, raw in attrs.items():
+        if not key.startswith(_COLLECTIVES):
+            continue
+        group, _, name = key[len(_COLLECTIVES):].rpartition(".")
+        if group and name:
+            out[group][name] = as_str(raw) if name == "pending" else as_int(raw)
+    return dict(out)
+
+
+def _missing(job: Job) -> list[Missing]:
+    """Per attempt and process group (see the module's docstring)."""
+    latest: dict[tuple[int, str, int], dict[str, Any]] = {}  # (restart, group, rank) -> its latest summary
+    names: dict[tuple[int, str, int], str] = {}  # (restart, group, seq) -> the pending collective's name
+    records = sorted((r for r in job.logs if r.name in _SUMMARY_EVENTS), key=lambda r: r.time)
+    for rec in records:
+        rank = _rank_of(rec)
+        if rank is None:
+            continue
+        restart = _restart_of(rec)
+        for group, fields in collectives_of(rec.attrs).items():
+            if fields.get("last_enqueued") is None:
+                continue
+            latest[(restart, group, rank)] = fields
+            seq = fields.get("pending_seq")
+            if fields.get("pending") and seq is not None:
+                names[(restart, group, seq)] = fields["pending"]
+    by_group: dict[tuple[int, str], dict[int, dict[str, Any]]] = collections.defaultdict(dict)
+    for (restart, group, rank), fields in latest.items():
+        by_group[(restart, group)][rank] = fields
+    out = []
+    for (restart, group), ranks in sorted(by_group.items()):
+        seq = max(f["last_enqueued"] for f in ranks.values())
+        waiting = sorted(r for r, f in ranks.items() if f["last_enqueued"] == seq)
+        stuck = [r for r in waiting if _below(ranks[r].get("last_completed"), seq) or (restart, group, seq) in names]
+        behind = sorted(r for r, f in ranks.items() if f["last_enqueued"] < seq)
+        if len(ranks) < 2 or not behind or not stuck:
+            continue
+        out.append(Missing(restart, group, seq, names.get((restart, group, seq), ""), behind, waiting))
+    return out
+
+
+def _below(completed: int | None, seq: int) -> bool:
+    return completed is None or completed < seq
+
+
+# ---- the machine-readable summary ---------------------------------------------------------------------------
+
+
+def _iso(ns: int) -> str | None:
+    if not ns:
+        return None
+    moment = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def summary(jobs: list[Job], problems: dict[str, int] | None = None) -> dict[str, Any]:
+    """What ``torchelastic-otel report --json`` prints: per run its outcome, attempts, root causes, restarts,
+    stragglers, stalls and missing ranks."""
+    return {"runs": [_run_summary(job) for job in jobs], "skipped": dict(problems or {})}
+
+
+def _run_summary(job: Job) -> dict[str, Any]:
+    training = analyze(job)
+    causes = []
+    for attempt in job.attempts:
+        cause = attempt.root_cause
+        if attempt.failed and cause is not None:
+            causes.append({
+                "attempt": attempt.restart, "rank": cause.rank, "local_rank": cause.local_rank, "host": cause.host,
+                "exit_code": cause.exit_code, "signal": cause.signal or None,
+                "exception_type": cause.exc_type or None, "exception_message": cause.exc_message or None,
+                "consequences": cause.consequences, "headline": cause.headline,
+            })  # fmt: skip
+    return {
+        "run_id": job.run_id,
+        "outcome": job.outcome,
+        "start": _iso(job.start),
+        "seconds": round((job.end - job.start) / 1e9, 3),
+        "ranks": job.ranks,
+        "attempts": len(job.attempts),
+        "root_cause": causes[-1] if causes else None,
+        "root_causes": causes,
+        "restarts": [{"restart": r.restart, "reason": r.reason or None, "time": _iso(r.time), "host": r.host}
+                     for r in job.restarts],  # fmt: skip
+        "stragglers": [_rank_json(r) for r in training.stragglers],
+        "steps": [_rank_json(r) for r in training.ranks],
+        "stalls": [{
+            "rank": s.rank, "restart": s.restart, "host": s.host, "since": _iso(s.since),
+            "seconds": _round(s.seconds, 3), "records": s.records, "stack_top": s.stack_top, "code": s.code,
+        } for s in training.stalls],  # fmt: skip
+        "missing_ranks": [{
+            "process_group": m.process_group, "seq": m.seq, "collective": m.collective or None, "ranks": m.ranks,
+            "waiting": m.waiting, "restart": m.restart, "text": m.sentence,
+        } for m in training.missing],  # fmt: skip
+    }
+
+
+def _rank_json(r: RankSteps) -> dict[str, Any]:
+    return {
+        "rank": r.rank, "ratio": _round(r.ratio, 3), "restart": r.restart, "host": r.host,
+        "arrival_seconds": _round(r.arrival), "step_seconds": _round(r.step), "steps": r.steps,
+    }  # fmt: skip
