@@ -340,7 +340,8 @@ def _run_summary(job: Job) -> dict[str, Any]:
         "start": _iso(job.start),
         "seconds": round((job.end - job.start) / 1e9, 3),
         "ranks": job.ranks,
-        "attempts": len(job.attempts),
+        "attempts": len({a.restart for a in job.attempts}),  # an attempt of a job on several nodes: one per agent
+        "agents": len(job.agents),
         "root_cause": causes[-1] if causes else None,
         "root_causes": causes,
         "restarts": [{"restart": r.restart, "reason": r.reason or None, "time": _iso(r.time), "host": r.host}
