@@ -190,7 +190,7 @@ def test_an_ignored_sigterm_stays_ignored(child: Any) -> None:
 _FORK_CHILD = r"""
 import os, signal, sys
 sys.path.insert(0, {root!r})
-from torchelastic_otel import _signals
+from torchelastic_otel import _runtime, _signals  # _runtime: the fork hooks, as on the real path
 assert _signals.install(lambda stacks: None, 500)
 ours = signal.set_wakeup_fd(-1); signal.set_wakeup_fd(ours)
 pid = os.fork()

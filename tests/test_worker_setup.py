@@ -1,16 +1,18 @@
-"""A torchrun worker sets up its exporters off its start-up path (``pipeline.defer``).
+"""A torchrun worker builds its pipeline at start-up, in a thread of its own (``pipeline.start_building``).
 
 Each test starts a real interpreter with torchrun's worker environment and the bridge's bootstrap
 ``sitecustomize`` (exactly what a bridged agent gives its workers), exporting over real OTLP/gRPC to a receiver on
 127.0.0.1, and checks at the receiver:
 
-- before the training script's first line, neither the SDK nor an exporter is imported, yet the global providers
-  are the bridge's: a span the script starts right away is exported, with the worker's resource;
-- what sets the pipeline up: the first telemetry (drained by the background drainer), an explicit flush, the exit,
-  or at the latest ``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS`` after start-up for a worker that records nothing --
-  the ``torchelastic.worker.start`` span arrives in every case;
+- at the training script's first line the bridge is installed and its pipeline is being built or ready -- the
+  script did not wait for it: the main thread imported neither the SDK nor an exporter for it; a span the script
+  starts right away is exported, with the worker's resource, under the agent's attempt span;
+- a worker that records nothing still gets its ``torchelastic.worker.start`` span out, with no delay to wait for;
+- the first event is exported by the background drainer, the script never waits;
 - an application that sets its own tracer provider during start-up gets the bridge's telemetry in it;
-- with a Prometheus exporter nothing is deferred: the endpoint is up when the script starts.
+- with a Prometheus exporter the pipeline is built before the script starts: the endpoint is up at its first line;
+- a worker that exits at once still delivers its span and its event (the build is waited for, bounded, before
+  the interpreter refuses new threads).
 """
 
 from __future__ import annotations
@@ -25,13 +27,7 @@ from typing import Any
 import pytest
 
 from tests.otlp_receiver import OtlpReceiver
-from torchelastic_otel import _compat
 from torchelastic_otel._install import AUTO_INSTALL_ENV, BOOTSTRAP_DIR
-
-#: Whether workers defer their set-up: not where no thread starts at exit (CPython 3.12.0-3.12.1), since a deferred
-#: pipeline could not be built there; a worker then sets up at once (the same interpreter runs the workers here).
-DEFERS = _compat.threads_start_at_exit()
-deferring = pytest.mark.skipif(not DEFERS, reason="this Python starts no thread at exit: workers set up at once")
 
 pytest.importorskip("torch.distributed.elastic.events")
 
@@ -65,15 +61,16 @@ def run(code: str, env: dict[str, str]) -> dict[str, Any]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-#: What the worker's script sees at its first line.
+#: What the worker's script sees at its first line: the bridge installed, its pipeline being built or built, and
+#: whether the main thread was the one that built it (it never is: the builder thread is).
 FIRST_LINE = r"""
-import json, sys
+import json, sys, threading
 from opentelemetry import trace
+from torchelastic_otel import pipeline
 first_line = {
     "installed": __import__("torchelastic_otel").is_installed(),
-    "sdk": "opentelemetry.sdk.trace" in sys.modules,
-    "grpc": "grpc" in sys.modules,
-    "exporter": any(m.startswith("opentelemetry.exporter.otlp") for m in sys.modules),
+    "phase": pipeline.state.phase.value,
+    "builder": pipeline.state.builder is not None and pipeline.state.builder is not threading.main_thread(),
 }
 """
 
@@ -100,18 +97,17 @@ def worker_start(rx: OtlpReceiver) -> list[dict[str, Any]]:
     return [s for s in rx.spans("torchelastic.worker.start") if s["resource"].get("torchelastic.run_id") == RUN_ID]
 
 
-@deferring
-def test_start_up_imports_no_sdk_and_a_span_started_at_once_is_exported() -> None:
+def test_the_pipeline_is_built_beside_the_script_and_a_span_started_at_once_is_exported() -> None:
     code = FIRST_LINE + r"""
 with trace.get_tracer("app").start_as_current_span("app.first"):
     pass
-first_line["sdk_after_first_span"] = "opentelemetry.sdk.trace" in sys.modules
+first_line["phase_after_first_span"] = pipeline.state.phase.value
 print(json.dumps(first_line))
 """
     with OtlpReceiver() as rx:
         got = run(code, worker_env(rx))  # a normal exit: the exit handler flushes
-        assert got == {"installed": True, "sdk": False, "grpc": False, "exporter": False,
-                       "sdk_after_first_span": True}  # fmt: skip
+        assert got["installed"] is True and got["phase_after_first_span"] == "ready"
+        assert got["phase"] == "ready" or (got["phase"] == "building" and got["builder"]), got
         assert rx.wait_for(lambda r: r.spans("app.first") and worker_start(r), timeout=30)
         app = rx.spans("app.first")[0]
         assert app["resource"]["torchelastic.rank"] == 1 and app["resource"]["torchelastic.run_id"] == RUN_ID
@@ -121,35 +117,37 @@ print(json.dumps(first_line))
         assert start["end_time_unix_nano"] >= start["start_time_unix_nano"] > 0
 
 
-@deferring
-def test_first_telemetry_sets_the_pipeline_up_in_the_background() -> None:
-    """The drainer moves the first event (0.5 s rounds) and builds the pipeline for it; the script never waits."""
+def test_the_first_event_is_exported_in_the_background() -> None:
+    """The drainer moves the first event (0.5 s rounds) once the pipeline is built; the script never waits."""
     code = FIRST_LINE + r"""
 from torch.distributed.elastic import events
 events.record(events.Event("trainer.started", events.EventSource.WORKER, metadata={"rank": 1}), destination="otel")
-first_line["sdk_after_record"] = "opentelemetry.sdk.trace" in sys.modules
 """
     with OtlpReceiver() as rx:
         arrived_both = lambda r: r.logs("trainer.started") and worker_start(r)  # noqa: E731
         got, arrived = run_until_received(code, worker_env(rx), rx, arrived_both)
-        assert got["sdk"] is False and got["sdk_after_record"] is False  # recording costs the script no set-up
+        assert got["installed"] is True
         assert arrived, (rx.requests, got)
         assert rx.logs("trainer.started")[0]["resource"]["torchelastic.rank"] == 1
 
 
-@deferring
-def test_a_worker_that_records_nothing_is_set_up_after_the_delay() -> None:
+def test_a_worker_that_records_nothing_is_set_up_at_once() -> None:
+    """No first use to wait for: the worker span goes out by the batch processor alone (the process ends with
+    ``os._exit``, so no flush or exit handler sent it)."""
     code = FIRST_LINE
     with OtlpReceiver() as rx:
-        env = worker_env(rx, TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS="300")
-        got, arrived = run_until_received(code, env, rx, lambda r: len(worker_start(r)) == 1)
-        assert got["sdk"] is False and arrived, rx.requests
+        got, arrived = run_until_received(code, worker_env(rx), rx, lambda r: len(worker_start(r)) == 1)
+        assert got["installed"] is True and arrived, rx.requests
 
 
-@deferring
-def test_an_application_provider_set_during_start_up_gets_the_bridges_telemetry() -> None:
-    """Rule 1 of the pipeline holds with the deferred set-up: a provider the application sets is used."""
+def test_an_application_provider_set_at_start_up_is_the_global_one() -> None:
+    """An application that sets its own tracer provider in its script (after the bridge built its own) can: no
+    "Overriding ... is not allowed", its spans go to its provider; the bridge goes on exporting through its own."""
     code = FIRST_LINE + r"""
+import logging, io
+warnings = io.StringIO()
+logging.getLogger("opentelemetry").addHandler(logging.StreamHandler(warnings))
+pipeline.wait_built(30)
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -157,18 +155,24 @@ exporter = InMemorySpanExporter()
 provider = TracerProvider()
 provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
+with trace.get_tracer("app").start_as_current_span("app.own"):
+    pass
 import torchelastic_otel
 torchelastic_otel.flush()
 first_line["app_spans"] = sorted(s.name for s in exporter.get_finished_spans())
-first_line["same_provider"] = torchelastic_otel.get_pipeline().tracer_provider is provider
+first_line["global_is_app"] = trace.get_tracer_provider() is provider
+first_line["bridge_kept_its_own"] = torchelastic_otel.get_pipeline().tracer_provider is not provider
+first_line["warnings"] = warnings.getvalue()
 print(json.dumps(first_line))
 """
-    got = run(code, worker_env(None, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none",
-                               OTEL_LOGS_EXPORTER="none"))  # fmt: skip
-    assert got["app_spans"] == ["torchelastic.worker.start"] and got["same_provider"] is True
+    with OtlpReceiver() as rx:
+        got = run(code, worker_env(rx))
+        assert got["app_spans"] == ["app.own"] and got["global_is_app"] and got["bridge_kept_its_own"], got
+        assert "Overriding" not in got["warnings"]
+        assert rx.wait_for(lambda r: worker_start(r), timeout=30), rx.requests
 
 
-def test_nothing_is_deferred_with_a_prometheus_exporter() -> None:
+def test_with_a_prometheus_exporter_the_pipeline_is_ready_at_the_first_line() -> None:
     import socket
 
     with socket.socket() as sock:
@@ -185,13 +189,14 @@ os._exit(0)
     env = worker_env(None, OTEL_METRICS_EXPORTER="prometheus", OTEL_TRACES_EXPORTER="none",
                      OTEL_LOGS_EXPORTER="none", OTEL_EXPORTER_PROMETHEUS_PORT=str(base))  # fmt: skip
     got = run(code, env)
-    assert got["sdk"] is True and got["status"] == 200
+    assert got["phase"] == "ready" and got["status"] == 200
 
 
 @pytest.mark.parametrize("record", [False, True], ids=["quiet", "one-event"])
 def test_a_worker_that_exits_at_once_delivers_at_exit(record: bool) -> None:
-    """A normal exit before anything set the pipeline up: it is built before the interpreter shuts down (whose
-    thread pools refuse work by the time ``atexit`` handlers run), so the worker span and the event arrive."""
+    """A normal exit at once, the pipeline perhaps still being built: the build is waited for before the
+    interpreter shuts down (whose thread pools refuse work by the time ``atexit`` handlers run), so the worker span
+    and the event arrive."""
     code = FIRST_LINE
     if record:
         code += (
@@ -201,7 +206,7 @@ def test_a_worker_that_exits_at_once_delivers_at_exit(record: bool) -> None:
     code += "print(json.dumps(first_line))\n"
     with OtlpReceiver() as rx:
         got = run(code, worker_env(rx))
-        assert got["sdk"] is not DEFERS
+        assert got["installed"] is True
         assert rx.wait_for(lambda r: worker_start(r) and (not record or r.logs("trainer.done")), timeout=30), (
             rx.requests
         )

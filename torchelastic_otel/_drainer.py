@@ -16,11 +16,13 @@ import os
 import threading
 import time
 import weakref
-from typing import Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
-from torchelastic_otel import _deferred, _selftelemetry
+from torchelastic_otel import _selftelemetry
 
-__all__ = ["Drainable", "Buffer", "register", "drain_all", "discard_all", "paused", "interval"]
+__all__ = [
+    "Drainable", "Buffer", "register", "enable", "drain_all", "discard_all", "paused", "interval", "add_periodic",
+]
 
 
 class Drainable(Protocol):
@@ -90,10 +92,22 @@ _lock = threading.Lock()
 _thread: threading.Thread | None = None
 
 
+_enabled = [False]
+
+
 def register(buffer: Drainable) -> None:
-    """Drain ``buffer`` from now on (held weakly)."""
+    """Drain ``buffer`` from now on (held weakly). Buffers are created when their module is imported: the thread
+    starts only once there is a pipeline to drain into (:func:`enable`), never because of an import."""
     _buffers.add(buffer)
-    _start()
+    if _enabled[0]:
+        _start()
+
+
+def enable() -> None:
+    """A pipeline is ready (``pipeline``): start the thread, which drains every ``interval`` from now on."""
+    _enabled[0] = True
+    if len(_buffers):
+        _start()
 
 
 def _start() -> None:
@@ -111,10 +125,7 @@ def _run() -> None:
         if not behind:
             wait(interval)
         behind = False
-        try:
-            _deferred.build_if_due()
-        except Exception:  # pragma: no cover - get_pipeline never raises; the drainer must never die
-            pass
+        _run_periodic()
         if not _paused:
             # Rounds of at most one interval, so a flush never waits long for the lock; a round that could not
             # empty the buffers is followed by the next one at once.
@@ -122,6 +133,35 @@ def _run() -> None:
 
 
 _paused: list[bool] = []
+#: ``[callback, every_seconds, next_due]`` of :func:`add_periodic`.
+_periodic: list[list[Any]] = []
+
+
+def add_periodic(callback: Callable[[], Any], every_seconds: float) -> Callable[[], None]:
+    """Call ``callback()`` on this thread about every ``every_seconds`` (at the drain interval's granularity): the
+    bridge's own periodic work (a worker's stall watchdog) needs no thread of its own. Exceptions are swallowed and
+    counted (``periodic_error``). Returns the function that removes it again."""
+    entry = [callback, max(0.0, every_seconds), time.monotonic() + every_seconds]
+    _periodic.append(entry)
+    if _enabled[0]:
+        _start()
+
+    def remove() -> None:
+        if entry in _periodic:
+            _periodic.remove(entry)
+
+    return remove
+
+
+def _run_periodic() -> None:
+    now = time.monotonic()
+    for entry in list(_periodic):
+        if now >= entry[2]:
+            entry[2] = now + entry[1]
+            try:
+                entry[0]()
+            except Exception:
+                _selftelemetry.count(_selftelemetry.DROPPED, "all", "periodic_error")
 
 
 @contextlib.contextmanager
@@ -195,8 +235,8 @@ def after_fork_in_child() -> None:
 
 
 def restart() -> None:
-    """Start the drainer thread again if there is anything to drain."""
-    if len(_buffers):
+    """Start the drainer thread again if it ran before the fork and there is anything to drain."""
+    if _enabled[0] and len(_buffers):
         _start()
 
 

@@ -256,7 +256,7 @@ class _BoundedMeterProvider(_Bounded):
         a scrape drains the bridge's buffers itself."""
         ok = True
         for reader in self._torchelastic_readers:
-            if _is_pull_reader(reader):
+            if is_pull_reader(reader):
                 continue
             try:
                 ok = reader.force_flush() is not False and ok
@@ -272,7 +272,7 @@ class _BoundedMeterProvider(_Bounded):
 _PULL_READERS = ("PrometheusMetricReader", "InMemoryMetricReader")
 
 
-def _is_pull_reader(reader: Any) -> bool:
+def is_pull_reader(reader: Any) -> bool:
     return any(cls.__name__ in _PULL_READERS for cls in type(reader).__mro__)
 
 

@@ -1,14 +1,19 @@
-"""The bridge's part in the life of a process: fork, signals and exit, in one place and in an explicit order.
+"""The bridge's part in the life of a process: fork, SIGTERM and exit, in one place and in an explicit order.
 
-- :func:`after_fork_in_child`: a forked child starts with its own counters, no exports in flight, empty buffers,
-  providers marked for a rebuild on first use, and no signal watcher (its thread did not survive the fork).
-- :func:`on_signal`: the final words of a process stopped by SIGTERM: the hooks (a worker's terminated record,
-  with every thread's stack), then a flush within ``EXIT_TIMEOUT_MILLIS`` (``_signals`` calls it once).
-- :func:`at_exit`: what is left is delivered and the bridge's providers are shut down within
+Every hook of the process that the bridge takes is registered here and calls into the pipeline's state machine
+(``pipeline``), never the other way round:
+
+- fork (``os.register_at_fork``, when this module is imported): before, exports in flight finish (bounded); in the
+  child, in this order: the counters, the exporters' state, the bounded flushes' state, the buffers, the pipeline
+  (FORKED: rebuilt on first use), the SIGTERM watcher; then the drainer thread, once everything it touches is the
+  child's; and, in a ``multiprocessing`` child, its exit path.
+- SIGTERM (:func:`handle_sigterm`, a worker's ``install()``): :func:`on_signal` runs the final words: the hooks
+  (a worker's terminated record, with every thread's stack), then a flush of the READY pipeline within
+  ``EXIT_TIMEOUT_MILLIS``, then what asked to hear whether it went out. Never a build, an import or a wait for one.
+- exit (:func:`install`, on the pipeline's first phase change): first, among ``threading``'s exit hooks, a build in
+  progress is waited for (bounded: thread pools and new threads are refused later in the interpreter's exit);
+  then :func:`at_exit` delivers what is left and shuts the bridge's providers down within
   ``EXIT_TIMEOUT_MILLIS``; what could not be is counted.
-
-The fork handlers are registered once, when this module is imported; the exit handlers by :func:`install`, once a
-pipeline is built or deferred.
 """
 
 from __future__ import annotations
@@ -16,23 +21,22 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import threading
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from torchelastic_otel import (
     _bounded,
-    _deferred,
+    _compat,
     _drainer,
-    _fork,
     _forkgate,
     _health,
     _selftelemetry,
     _signals,
     _stacks,
-    pipeline,
 )
+from torchelastic_otel import _pipeline_state as pipeline
 from torchelastic_otel._config import EXIT_TIMEOUT_MILLIS
 
 __all__ = ["install", "before_fork", "after_fork_in_parent", "after_fork_in_child", "on_signal", "at_exit"]
@@ -53,16 +57,16 @@ def after_fork_in_parent() -> None:
 
 
 def after_fork_in_child() -> None:
-    """In this order: the counters (what follows may count), the exporters' state, the pipeline's lock, the
-    buffers (what they held is the parent's to export), the providers (rebuilt on first use), the signal watcher;
+    """In this order: the counters (what follows may count), the exporters' state, the bounded flushes, the
+    buffers (what they held is the parent's to export), the pipeline (rebuilt on first use), the signal watcher;
     then the drainer thread, once everything it touches is the child's."""
     _selftelemetry.after_fork_in_child()
     _health.health.after_fork_in_child()
     _forkgate.gate.after_fork_in_child()
     _bounded.after_fork_in_child()
-    pipeline.state.lock = threading.RLock()
     _drainer.after_fork_in_child()
-    _fork.after_fork_in_child()
+    if pipeline.after_fork_in_child():
+        _flush_at_multiprocessing_exit()
     _signals.after_fork_in_child()
     _drainer.restart()
 
@@ -71,30 +75,68 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=before_fork, after_in_parent=after_fork_in_parent, after_in_child=after_fork_in_child)
 
 
+class _ForkToken:
+    """Kept alive for ``multiprocessing.util.register_after_fork`` (which holds its object weakly)."""
+
+
+_fork_token = _ForkToken()
+_multiprocessing_hooked = [False]
+
+
+def _flush_at_multiprocessing_exit() -> None:
+    """A ``multiprocessing`` child started by fork ends with ``os._exit``, which skips ``atexit``: have its
+    ``Process._bootstrap`` exit path (the ``multiprocessing.util`` finalizers) run the bridge's exit handler."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is None or _multiprocessing_hooked[0]:
+        return
+    _multiprocessing_hooked[0] = True  # inherited by this process's children, as is the registration below
+
+    def register(_token: Any) -> None:
+        util.Finalize(None, at_exit, exitpriority=0)
+
+    util.register_after_fork(_fork_token, register)
+
+
 # ---- signals -----------------------------------------------------------------------------------------------------
 
-_signal_hooks: list[Callable[[int, _stacks.Stacks], Any]] = []
+#: ``hook(signum, stacks)``; what it returns, if callable, is called with whether the final flush went out.
+SignalHook = Callable[[int, _stacks.Stacks], Any]
+_signal_hooks: list[SignalHook] = []
 
 
-def add_signal_hook(hook: Callable[[int, _stacks.Stacks], Any]) -> None:
+def add_signal_hook(hook: SignalHook) -> None:
     """Run ``hook(signum, stacks)`` first when the process is stopped by a signal (a worker's terminated record)."""
     if hook not in _signal_hooks:
         _signal_hooks.append(hook)
 
 
-def remove_signal_hook(hook: Callable[[int, _stacks.Stacks], Any]) -> None:
+def remove_signal_hook(hook: SignalHook) -> None:
     if hook in _signal_hooks:
         _signal_hooks.remove(hook)
 
 
 def on_signal(signum: int, stacks: _stacks.Stacks) -> None:
     """The final words of a process stopped by ``signum``: the hooks, then a flush within the exit bound."""
+    confirmations = []
     for hook in list(_signal_hooks):
         try:
-            hook(signum, stacks)
+            confirm = hook(signum, stacks)
+            if callable(confirm):
+                confirmations.append(confirm)
         except Exception:
             _logger.debug("signal hook failed", exc_info=True)
-    pipeline.flush(timeout_millis=EXIT_TIMEOUT_MILLIS)
+    delivered = final_flush(EXIT_TIMEOUT_MILLIS)
+    for confirm in confirmations:
+        try:
+            confirm(delivered)
+        except Exception:
+            _logger.debug("signal hook confirmation failed", exc_info=True)
+
+
+def final_flush(timeout_millis: int) -> bool:
+    """Flush a READY pipeline within ``timeout_millis``; ``False`` at once if there is none (never builds)."""
+    current = pipeline.ready()
+    return current is not None and current.flush(timeout_millis)
 
 
 def handle_sigterm() -> bool:
@@ -104,45 +146,41 @@ def handle_sigterm() -> bool:
     return _signals.install(lambda stacks: on_signal(signal.SIGTERM, stacks), EXIT_TIMEOUT_MILLIS)
 
 
+def uninstall_sigterm() -> None:
+    _signals.uninstall()
+
+
 # ---- exit --------------------------------------------------------------------------------------------------------
 
 
 def at_exit() -> None:
     """Deliver what is left, then shut down the providers the bridge built -- within EXIT_TIMEOUT_MILLIS."""
     deadline = time.monotonic() + EXIT_TIMEOUT_MILLIS / 1000
-    if _fork.pending() and not _fork.settle(deadline):
-        return  # a forked child that recorded nothing: nothing of its own to deliver
-    _deferred.build_pending()
-    current = pipeline.state.current
+    pipeline.wait_built(deadline - time.monotonic())
+    if pipeline.state.phase in (pipeline.Phase.FORKED, pipeline.Phase.UNSET):
+        _drainer.drain_all(time.monotonic() + (deadline - time.monotonic()) / 2)  # what was recorded builds
+    current = pipeline.ready()
     if current is not None:
         current.shutdown(max(0, int((deadline - time.monotonic()) * 1000)))
     _drainer.discard_all("exit_timeout")  # what could not be drained in time is lost: counted
 
 
+def _wait_for_build() -> None:
+    """Among ``threading``'s exit hooks: a build in progress finishes while threads can still be started."""
+    pipeline.wait_built(EXIT_TIMEOUT_MILLIS / 1000)
+
+
 _installed = [False]
 
 
-def install() -> None:
-    """Register the exit handlers (once per process)."""
+def install(_phase: Any = None) -> None:
+    """Register the exit handlers (once per process; a listener of the pipeline's phase changes)."""
     if _installed[0]:
         return
     _installed[0] = True
     atexit.register(at_exit)
-    _build_before_shutdown()
+    _compat.register_before_thread_shutdown(_wait_for_build)
     _bounded.start_exit_thread()
 
 
-def _build_before_shutdown() -> None:
-    """At interpreter exit, thread pools stop taking work before ``atexit`` handlers run (the SDK's
-    ``Resource.create`` needs one) and Python 3.12+ refuses new threads in them (the batch processors start one):
-    a pipeline still deferred then is built earlier, among ``threading``'s own exit hooks, which run
-    last-registered first -- so before the one ``concurrent.futures`` registers when it is imported."""
-    register = getattr(threading, "_register_atexit", None)
-    if register is None:
-        return
-    import concurrent.futures.thread  # noqa: F401 - its exit hook is registered before ours
-
-    try:
-        register(_deferred.build_pending)
-    except RuntimeError:  # already shutting down
-        pass
+pipeline.add_listener(install)

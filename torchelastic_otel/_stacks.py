@@ -69,7 +69,8 @@ def capture(main_frame: FrameType | None = None) -> Stacks:
 
 
 def user_frame(frame: FrameType | None) -> UserFrame | None:
-    """The innermost frame outside torch, OpenTelemetry, the bridge and the standard library."""
+    """The innermost frame outside torch (and its torchgen, functorch), OpenTelemetry, gRPC, the bridge and the
+    standard library: the line of the user's script (or of a training library it uses)."""
     packages, stdlib = _library_roots()
     while frame is not None:
         path = frame.f_code.co_filename
@@ -91,7 +92,7 @@ def _in_library(path: str, packages: tuple[str, ...], stdlib: tuple[str, ...]) -
 
 def _library_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
     packages = set()
-    for name in ("torch", "torchelastic_otel", "opentelemetry"):
+    for name in ("torch", "torchgen", "functorch", "torchelastic_otel", "opentelemetry", "grpc"):
         module = sys.modules.get(name)
         for entry in getattr(module, "__path__", None) or ():
             packages.add(os.path.abspath(entry) + os.sep)

@@ -30,8 +30,8 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 
-from torchelastic_otel import _deferred, _runtime, _signals, _stacks, pipeline
-from torchelastic_otel._torch import root_cause, worker_logging
+from torchelastic_otel import _runtime, _stacks, pipeline
+from torchelastic_otel._torch import final_words, root_cause, training, worker_logging
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker_env import agent_context, is_torchrun_worker
 from torchelastic_otel.events import _otel as event_adapter
@@ -78,7 +78,7 @@ def _join_agent_trace(patches: Patches) -> None:
             end_time=end_ns
         )
 
-    _deferred.when_built(start_span)  # a worker's pipeline is set up after its start-up (``_deferred``)
+    pipeline.when_ready(start_span)  # a worker's pipeline is built beside its start-up (``pipeline``)
     token = otel_context.attach(ctx)
     _attempt[0] = ctx
 
@@ -105,12 +105,66 @@ def _process_start_ns() -> int | None:
         return None
 
 
-def _export_and_flush(name: str, metadata: dict[str, Any]) -> None:
-    event_adapter.export_event(Event(name, EventSource.WORKER, metadata={**_worker_metadata(), **metadata}))
-    pipeline.flush(timeout_millis=FLUSH_TIMEOUT_MILLIS)
+_final_logger: list[Any] = [None]
 
 
-def _terminated_record(signum: int, stacks: _stacks.Stacks) -> None:
+def _keep_final_logger(_phase: Any = None) -> None:
+    """Whenever a pipeline becomes READY, the logger the final words write to is at hand: they obtain nothing."""
+    current = pipeline.ready()
+    _final_logger[0] = None if current is None else current.logger_provider.get_logger(
+        "torchelastic_otel.worker", __version__
+    )
+
+
+def _final_words(event: Event, extra: dict[str, Any] | None = None) -> str | None:
+    """Keep ``event`` for the agent (``final_words``), then emit it straight to the SDK if the pipeline is READY
+    (not through the buffers, whose drain lock the interrupted thread may hold); the kept file's path.
+
+    Never builds, imports or waits for the pipeline: a rank may be stopped while its pipeline is being built.
+    Where there is nowhere to keep it (a worker of an agent that is not bridged), a build in progress is waited
+    for, within half of the exit bound.
+    """
+    fields = event_adapter.to_log_fields(event)
+    fields["attributes"].update(extra or {})
+    ctx = _attempt[0]
+    path = final_words.write(fields, ctx)
+    if path is None and pipeline.building():
+        pipeline.wait_built(FLUSH_TIMEOUT_MILLIS / 2000)
+    logger = _final_logger[0]
+    if pipeline.ready() is None or logger is None:
+        return path
+    try:
+        logger.emit(context=ctx, **fields)
+        if path is not None:
+            _emitted.append(path)
+    except Exception:
+        from torchelastic_otel import _selftelemetry
+
+        _selftelemetry.count(_selftelemetry.DROPPED, "logs", "final_words_error")
+    return path
+
+
+#: Final words emitted and kept for the agent, not yet known to have gone out.
+_emitted: list[str] = []
+
+
+def _confirm() -> Any:
+    """Call before a final flush; what to call with its outcome: every record emitted before it went out if it
+    succeeded, so the agent does not send them again (whichever of the final flushes -- excepthook, SIGTERM --
+    gets through)."""
+    before = list(_emitted)
+
+    def confirm(delivered: bool) -> None:
+        if delivered:
+            for path in before:
+                final_words.delivered(path)
+                if path in _emitted:
+                    _emitted.remove(path)
+
+    return confirm
+
+
+def _terminated_record(signum: int, stacks: _stacks.Stacks) -> Any:
     """Where the rank was when it was stopped: every thread's stack, main thread first, and the line of the user's
     code the main thread was in (``code.*``: for a rank blocked in ``all_reduce``, the line that called it)."""
     try:
@@ -124,7 +178,8 @@ def _terminated_record(signum: int, stacks: _stacks.Stacks) -> None:
     code = {}
     if frame is not None:
         code = {"code.file.path": frame.path, "code.line.number": frame.line, "code.function.name": frame.function}
-    event_adapter.export_event(Event("torchelastic.worker.terminated", EventSource.WORKER, metadata=metadata), code)
+    _final_words(Event("torchelastic.worker.terminated", EventSource.WORKER, metadata=metadata), code)
+    return _confirm()
 
 
 def _install_sigterm(patches: Patches) -> None:
@@ -132,7 +187,7 @@ def _install_sigterm(patches: Patches) -> None:
     _runtime.add_signal_hook(_terminated_record)
     patches.on_restore(lambda: _runtime.remove_signal_hook(_terminated_record))
     if _runtime.handle_sigterm():
-        patches.on_restore(_signals.uninstall)
+        patches.on_restore(_runtime.uninstall_sigterm)
 
 
 def _install_excepthook(patches: Patches) -> None:
@@ -143,7 +198,10 @@ def _install_excepthook(patches: Patches) -> None:
             if not issubclass(exc_type, KeyboardInterrupt):
                 root_cause.write_failure(exc_type, exc, tb)  # first: the agent ranks the failures by it
                 text = "".join(traceback.format_exception(exc_type, exc, tb))
-                _export_and_flush("torchelastic.worker.exception", {"state": "FAILED", "raw_error": text})
+                metadata = {**_worker_metadata(), "state": "FAILED", "raw_error": text}
+                _final_words(Event("torchelastic.worker.exception", EventSource.WORKER, metadata=metadata))
+                confirm = _confirm()
+                confirm(_runtime.final_flush(FLUSH_TIMEOUT_MILLIS))
         except Exception:
             pass
         previous(exc_type, exc, tb)
@@ -157,6 +215,10 @@ def install(patches: Patches) -> None:
     if not is_torchrun_worker():
         return
     _join_agent_trace(patches)
+    pipeline.add_listener(_keep_final_logger)
+    patches.on_restore(lambda: pipeline.remove_listener(_keep_final_logger))
+    _keep_final_logger()
     _install_sigterm(patches)
     _install_excepthook(patches)
     worker_logging.install(patches, attempt_context)
+    training.install(patches)  # steps, stragglers, stalls (after the final records' set-up: it extends them)

@@ -1,0 +1,509 @@
+"""The exporter pipeline's life in this process: one state machine, in this module only (``pipeline`` is its public
+face, and brings the process's hooks along: ``_runtime``).
+
+The pipeline is the tracer, meter and logger providers the bridge writes to. Rules, in order:
+
+1. Providers the application (or ``opentelemetry-instrument``) already set globally are reused, never replaced.
+2. For a signal with no global provider, one is built from ``OTEL_*`` with the SDK's own configuration code
+   (``_providers``) and set as the global provider so the application's own spans and logs share it.
+3. ``OTEL_SDK_DISABLED=true`` gives no-op providers: nothing is recorded or exported.
+4. :func:`setup` lets a program pass its own providers explicitly instead.
+
+Its life (:class:`Phase`), every transition written here and nowhere else::
+
+    UNSET    --get_pipeline(): first use, built in the caller's thread-------------------> READY
+    UNSET    --start_building(): a worker's install(); built by a daemon thread---------> BUILDING --built--> READY
+    any      --setup(providers)-------------------------------------------------------------> READY
+    READY    --fork, in the child, if the bridge built any provider-----------------------> FORKED
+    FORKED   --first use in the child: fresh providers, exporters and resource------------> READY
+    BUILDING --fork, in the child (the building thread did not survive it)----------------> UNSET
+    any      --shutdown(): the bridge's providers flushed and shut down-------------------> UNSET
+
+Why a worker builds in a thread of its own, at once: importing the SDK and the OTLP exporters and building the
+providers costs 150-250 ms, which must not be added to the script's start-up; and a rank that fails in its first
+second must still lose nothing, so the pipeline is ready as early as it can be. While it is BUILDING, placeholders
+(``_placeholders``) stand in for the global providers; whoever asks one for a tracer, meter or logger waits for the
+build. The final words of a process (SIGTERM, an uncaught exception) never build and never wait: they take
+:func:`ready` (no lock, no import) and, when it says ``None``, leave their record where the agent reads it.
+
+The process's hooks (fork, exit, signals) live in ``_runtime``, which calls into this module and is imported with
+``pipeline``, the module every user of the pipeline imports; listeners added with :func:`add_listener` hear of
+every phase change (``_runtime`` registers its exit handlers on the first one).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import _logs, metrics, trace
+
+from torchelastic_otel import _bounded, _compat, _config, _drainer, _placeholders, _providers, _selftelemetry
+from torchelastic_otel._config import EXIT_TIMEOUT_MILLIS, sdk_disabled
+from torchelastic_otel._providers import DEFAULT_SERVICE_NAME
+
+__all__ = [
+    "Phase",
+    "Pipeline",
+    "get_pipeline",
+    "ready",
+    "building",
+    "start_building",
+    "when_ready",
+    "add_listener",
+    "setup",
+    "flush",
+    "shutdown",
+    "prepare",
+    "DEFAULT_SERVICE_NAME",
+    "EXIT_TIMEOUT_MILLIS",
+    "sdk_disabled",
+]
+
+_logger = logging.getLogger("torchelastic_otel")
+
+#: How long a thread that needs a provider waits for a pipeline being built before it gets a no-op one (counted).
+BUILD_WAIT_SECONDS = 30.0
+_SIGNALS = ("traces", "metrics", "logs")
+
+
+class Phase(enum.Enum):
+    UNSET = "unset"
+    BUILDING = "building"
+    READY = "ready"
+    FORKED = "forked"
+
+
+@dataclass
+class Pipeline:
+    """The providers the bridge writes to, and whether it owns (built) them."""
+
+    tracer_provider: Any
+    meter_provider: Any
+    logger_provider: Any
+    owned: dict[str, bool] = field(default_factory=dict)
+
+    def providers(self) -> dict[str, Any]:
+        return {"traces": self.tracer_provider, "metrics": self.meter_provider, "logs": self.logger_provider}
+
+    def flush(self, timeout_millis: int = 5000) -> bool:
+        """Drain the bridge's buffers (half of the time at most), then force-flush every provider; returns within
+        ``timeout_millis`` (``_bounded.bounded_flush``). Never raises; ``False`` if it timed out or an export
+        failed meanwhile."""
+        started = time.monotonic()
+        deadline = started + max(0, timeout_millis) / 1000
+        _drainer.drain_all(started + max(0, timeout_millis) / 2000)
+        return _bounded.bounded_flush(self._force_flush_all, max(0, int((deadline - time.monotonic()) * 1000)))
+
+    def _force_flush_all(self) -> bool:
+        ok = True
+        for provider in (self.meter_provider, self.logger_provider, self.tracer_provider):
+            try:
+                ok = _force_flush(provider) and ok
+            except Exception:
+                ok = False
+                _logger.debug("force_flush failed", exc_info=True)
+        return ok
+
+    def shutdown(self, timeout_millis: int = 5000) -> bool:
+        """Flush, then shut down the providers this pipeline built (never the application's), within the time."""
+        deadline = time.monotonic() + timeout_millis / 1000
+        self.flush(timeout_millis)
+        remaining = max(0, int((deadline - time.monotonic()) * 1000))
+        if _bounded.backend_down():
+            remaining = min(remaining, _config.DOWN_WAIT_MILLIS)
+        return _bounded.run_bounded(self._shutdown_owned, remaining) is not None
+
+    def _shutdown_owned(self) -> bool:
+        for signal, provider in self.providers().items():
+            if self.owned.get(signal) and hasattr(provider, "shutdown"):
+                try:
+                    provider.shutdown()
+                except Exception:
+                    _logger.debug("shutdown of %s provider failed", signal, exc_info=True)
+        return True
+
+
+def _force_flush(provider: Any) -> bool:
+    """A provider's flush in the caller's thread: the bridge's own without its bound (the caller bounds it), an
+    application's meter provider without its pull readers (a Prometheus reader collected out of turn serves every
+    metric family twice on its next scrape, opentelemetry-python#2500)."""
+    unbounded = getattr(provider, "force_flush_unbounded", None)
+    if unbounded is not None:
+        return unbounded() is not False
+    readers = _compat.metric_readers(provider)
+    if readers is not None and any(_providers.is_pull_reader(r) for r in readers):
+        return all([r.force_flush() is not False for r in readers if not _providers.is_pull_reader(r)])
+    force_flush = getattr(provider, "force_flush", None)
+    return force_flush is None or force_flush() is not False
+
+
+# ---- the state machine -----------------------------------------------------------------------------------------
+
+
+class _State:
+    """Where the bridge's pipeline stands in this process. ``lock`` is held only to change the phase, never while
+    importing or building (a signal may land in the thread that builds) and never by the final words."""
+
+    def __init__(self) -> None:
+        self.phase = Phase.UNSET
+        self.current: Pipeline | None = None
+        self.lock = threading.RLock()
+        self.built = threading.Event()  # set whenever the phase is not BUILDING
+        self.built.set()
+        self.builder: threading.Thread | None = None
+        #: Bumped whenever the pipeline is replaced, so adapters re-resolve their cached loggers/meters.
+        self.generation = [0]
+        self.on_ready: list[Callable[[], Any]] = []
+        self.listeners: list[Callable[[Phase], Any]] = []
+
+    def enter(self, phase: Phase, pipeline: Pipeline | None) -> None:
+        """The one place the phase changes (called with ``lock`` held)."""
+        self.phase, self.current = phase, pipeline
+        self.generation[0] += 1
+        if phase is Phase.BUILDING:
+            self.built.clear()
+        else:
+            self.built.set()
+
+    def after_fork_in_child(self) -> None:
+        self.lock = threading.RLock()
+        self.built = threading.Event()
+        self.builder = None
+        if self.phase is Phase.BUILDING:
+            self.phase = Phase.UNSET  # the placeholders stay: the first use builds, in that thread
+        if self.phase is not Phase.BUILDING:
+            self.built.set()
+
+
+state = _State()
+_generation = state.generation
+
+
+def add_listener(listener: Callable[[Phase], Any]) -> None:
+    """Call ``listener(phase)`` after every phase change (in the thread that made it; never raises into it)."""
+    if listener not in state.listeners:
+        state.listeners.append(listener)
+
+
+def remove_listener(listener: Callable[[Phase], Any]) -> None:
+    if listener in state.listeners:
+        state.listeners.remove(listener)
+
+
+def _notify(phase: Phase) -> None:
+    for listener in list(state.listeners):
+        _quietly(listener, phase)
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:
+        _logger.debug("torchelastic_otel: callback failed", exc_info=True)
+
+
+def _ready(pipeline: Pipeline) -> Pipeline:
+    """READY: self-telemetry on the meter provider, the drainer on, then what waited for a pipeline."""
+    with state.lock:
+        state.enter(Phase.READY, pipeline)
+        callbacks, state.on_ready = state.on_ready, []
+    _selftelemetry.instrument(pipeline.meter_provider)
+    _drainer.enable()
+    _notify(Phase.READY)
+    for callback in callbacks:
+        _quietly(callback)
+    return pipeline
+
+
+def ready() -> Pipeline | None:
+    """The pipeline if it is READY, else ``None``: no lock, no wait, no build (the final words' way in)."""
+    current = state.current
+    return current if state.phase is Phase.READY else None
+
+
+def building() -> bool:
+    """A worker's pipeline is being built in the background (records meanwhile are buffered for it)."""
+    return state.phase is Phase.BUILDING
+
+
+def when_ready(callback: Callable[[], Any]) -> None:
+    """Run ``callback()`` once a pipeline is READY (now, if one is)."""
+    with state.lock:
+        if state.phase is not Phase.READY:
+            state.on_ready.append(callback)
+            return
+    _quietly(callback)
+
+
+def get_pipeline() -> Pipeline:
+    """The pipeline the bridge exports to; built from ``OTEL_*`` on first use (see the phases above)."""
+    current = state.current
+    if state.phase is Phase.READY and current is not None:
+        return current
+    for _ in range(3):  # the phase may change while waiting; three turns cover every sequence of transitions
+        if state.phase is Phase.BUILDING:
+            if threading.current_thread() is state.builder or not state.built.wait(BUILD_WAIT_SECONDS):
+                _selftelemetry.count(_selftelemetry.DROPPED, "all", "pipeline_unavailable")
+                return _noop_pipeline()
+        with state.lock:
+            if state.phase is Phase.READY and state.current is not None:
+                return state.current
+            if state.phase is Phase.FORKED and state.current is not None:
+                return _ready(_rebuild_for_child(state.current))
+            if state.phase is Phase.UNSET:
+                return _ready(_build())
+    return state.current if state.current is not None else _noop_pipeline()
+
+
+def _build() -> Pipeline:
+    """The pipeline from the environment; a no-op one when the SDK is disabled or the configuration is broken."""
+    if sdk_disabled():
+        return _noop_pipeline()
+    try:
+        return _from_environment()
+    except Exception as exc:
+        # A broken configuration must not reach the job: log it and export nothing.
+        _logger.warning("torchelastic_otel: could not configure OpenTelemetry from OTEL_*: %s", exc)
+        _selftelemetry.count(_selftelemetry.DROPPED, "all", "pipeline_unavailable")
+        return _noop_pipeline()
+
+
+def _noop_pipeline() -> Pipeline:
+    return Pipeline(trace.NoOpTracerProvider(), metrics.NoOpMeterProvider(), _logs.NoOpLoggerProvider())
+
+
+def _is_unset(provider: Any) -> bool:
+    """True for the API's proxy providers (nobody has set a global provider yet) and the bridge's placeholders."""
+    return isinstance(provider, _placeholders.Placeholder) or _compat.is_proxy_provider(provider)
+
+
+def _from_environment() -> Pipeline:
+    """Reuse the global providers that are set; build (and set) the others from ``OTEL_*``."""
+    tracer_provider = trace.get_tracer_provider()
+    meter_provider = metrics.get_meter_provider()
+    logger_provider = _logs.get_logger_provider()
+    missing = {
+        "traces": _is_unset(tracer_provider),
+        "metrics": _is_unset(meter_provider),
+        "logs": _is_unset(logger_provider),
+    }
+    if not any(missing.values()):
+        return Pipeline(tracer_provider, meter_provider, logger_provider)
+    resource = _providers.resource()
+    if missing["traces"]:
+        tracer_provider = _set_global("traces", _providers.build_tracer_provider(resource))
+    if missing["metrics"]:
+        meter_provider = _set_global("metrics", _providers.build_meter_provider(resource))
+    if missing["logs"]:
+        logger_provider = _set_global("logs", _providers.build_logger_provider(resource))
+    return Pipeline(tracer_provider, meter_provider, logger_provider, owned=missing)
+
+
+def _set_global(signal: str, provider: Any) -> Any:
+    """Make ``provider`` the global one; the global one afterwards.
+
+    Where a placeholder stands (a worker's build), it is replaced in the API's module globals, leaving the API's
+    set-once guard unused: an application or ``opentelemetry-instrument`` that sets its own provider later still
+    can (and its own spans go there; the bridge goes on with its pipeline). Elsewhere through the API's setter.
+    """
+    current = _compat.global_provider(signal)
+    if isinstance(current, _placeholders.Placeholder) and _compat.replace_global_provider(signal, current, provider):
+        return provider
+    if signal == "traces":
+        trace.set_tracer_provider(provider)
+        return trace.get_tracer_provider()
+    if signal == "metrics":
+        metrics.set_meter_provider(provider)
+        return metrics.get_meter_provider()
+    _logs.set_logger_provider(provider)
+    return _logs.get_logger_provider()
+
+
+def _provider_of(signal: str) -> Any:
+    """What a placeholder stands for: the pipeline's provider of ``signal`` (built or waited for)."""
+    return get_pipeline().providers()[signal]
+
+
+# ---- UNSET -> BUILDING -> READY: a worker's set-up -------------------------------------------------------------
+
+
+def _pulls_metrics() -> bool:
+    return "prometheus" in os.environ.get(_providers.SIGNAL_ENV["metrics"], "").lower()
+
+
+def start_building() -> bool:
+    """Build the pipeline now, in a daemon thread (a worker's ``install()``): ``True`` if it started.
+
+    Not with a Prometheus exporter (its endpoint must be serving once ``install()`` returns: built at once).
+    """
+    with state.lock:
+        if state.phase is not Phase.UNSET or sdk_disabled():
+            return False
+        if _pulls_metrics():
+            _ready(_build())
+            return False
+        for signal in _SIGNALS:
+            _compat.replace_global_provider(signal, None, _placeholders.BuildOnUse(signal, _provider_of))
+        builder = threading.Thread(target=_build_in_background, name="torchelastic-otel-setup", daemon=True)
+        state.builder = builder
+        state.enter(Phase.BUILDING, None)
+        builder.start()
+    _notify(Phase.BUILDING)
+    return True
+
+
+def _build_in_background() -> None:
+    pipeline = _build()
+    with state.lock:
+        if state.phase is not Phase.BUILDING or state.builder is not threading.current_thread():
+            return  # setup() or shutdown() came first: theirs stands
+        state.builder = None
+        _ready(pipeline)
+
+
+def wait_built(timeout_seconds: float) -> bool:
+    """Wait (bounded) for a build in progress; ``True`` unless one is still BUILDING. Not for the final words."""
+    return state.built.wait(max(0.0, timeout_seconds))
+
+
+# ---- READY -> FORKED -> READY: a forked child --------------------------------------------------------------------
+
+
+def after_fork_in_child() -> bool:
+    """A forked child exports its own telemetry, never its parent's again; ``True`` if it is FORKED now.
+
+    The providers the bridge built are the parent's copies: their metric storage holds the parent's cumulative
+    values, their resource names the parent's pid, their exporters' connections are the parent's. They are replaced
+    by placeholders that rebuild on first use (nothing is built in the fork handler, where other modules' handlers
+    have not run yet, and a child that records nothing -- a DataLoader worker -- builds nothing). Providers the
+    application set or gave to ``setup()`` are the application's to handle.
+    """
+    state.after_fork_in_child()
+    current = state.current
+    if state.phase is not Phase.READY or current is None or not any(current.owned.values()):
+        return False
+    for signal, provider in current.providers().items():
+        if current.owned.get(signal):
+            _compat.replace_global_provider(
+                signal, provider, _placeholders.RebuildOnUse(signal, _provider_of, provider)
+            )
+    state.enter(Phase.FORKED, current)
+    return True
+
+
+def _rebuild_for_child(current: Pipeline) -> Pipeline:
+    """Fresh providers, exporters and resource (``process.pid``) in the child for what the bridge built.
+
+    In the child the parent's exporters do nothing (``_counting``); tracers, meters and loggers obtained from them
+    before the fork stay theirs, so a child gets its own after the fork. Prometheus readers are not rebuilt: the
+    parent serves that port. A failure gives the child a no-op pipeline (counted): the job goes on.
+    """
+    try:
+        resource = _providers.resource()
+        builders: dict[str, Callable[[], Any]] = {
+            "traces": lambda: _providers.build_tracer_provider(resource),
+            "metrics": lambda: _providers.build_meter_provider(resource, pull=False),
+            "logs": lambda: _providers.build_logger_provider(resource),
+        }
+        providers, owned = current.providers(), dict(current.owned)
+        for signal, old in list(providers.items()):
+            if not owned.get(signal):
+                continue
+            placeholder = _compat.global_provider(signal)
+            if not (isinstance(placeholder, _placeholders.RebuildOnUse) and placeholder.parent_provider is old):
+                owned[signal] = False  # no longer the global provider: leave it alone
+                continue
+            new = builders[signal]()
+            _compat.replace_global_provider(signal, placeholder, new)
+            providers[signal] = new
+        return Pipeline(providers["traces"], providers["metrics"], providers["logs"], owned=owned)
+    except Exception as exc:
+        _logger.warning("torchelastic_otel: could not set up telemetry in a forked child: %s", exc)
+        _selftelemetry.count(_selftelemetry.DROPPED, "all", "pipeline_unavailable")
+        return _noop_pipeline()
+
+
+def forked() -> bool:
+    """A forked child whose pipeline is still the parent's copy."""
+    return state.phase is Phase.FORKED
+
+
+# ---- the public calls ----------------------------------------------------------------------------------------------
+
+
+def setup(tracer_provider: Any = None, meter_provider: Any = None, logger_provider: Any = None) -> Pipeline:
+    """Use these providers explicitly (``None``: the global one, or one built from ``OTEL_*`` if none is set).
+
+    Call it before the first event or metric. It replaces the bridge's pipeline, never the global providers the
+    application set; providers given here are the caller's to shut down.
+    """
+    if state.phase is Phase.FORKED:
+        get_pipeline()  # a forked child: the bridge's own providers first become the child's
+    base = _from_environment() if None in (tracer_provider, meter_provider, logger_provider) else None
+    return _ready(
+        Pipeline(
+            tracer_provider if tracer_provider is not None else base.tracer_provider,  # type: ignore[union-attr]
+            meter_provider if meter_provider is not None else base.meter_provider,  # type: ignore[union-attr]
+            logger_provider if logger_provider is not None else base.logger_provider,  # type: ignore[union-attr]
+            owned={} if base is None else dict(base.owned),
+        )
+    )
+
+
+def prepare() -> None:
+    """Make the bridge's providers the global ones now, before the application starts spans: build the pipeline,
+    unless a build is in progress (placeholders already stand in for the global providers)."""
+    if state.phase is not Phase.BUILDING:
+        get_pipeline()
+
+
+def flush(timeout_millis: int = 5000) -> bool:
+    """Export everything recorded so far (drains the bridge's buffers first); never raises. ``True`` on success.
+
+    A build in progress is waited for (half of the time at most); a forked child that recorded nothing of its own,
+    or a process that never built a pipeline and buffered nothing, has nothing to deliver.
+    """
+    timeout_millis = max(0, timeout_millis)
+    deadline = time.monotonic() + timeout_millis / 1000
+    if state.phase is Phase.BUILDING:
+        state.built.wait(timeout_millis / 2000)
+    if state.phase in (Phase.FORKED, Phase.UNSET):
+        _drainer.drain_all(time.monotonic() + timeout_millis / 2000)  # something recorded builds the pipeline
+        if state.phase is not Phase.READY:
+            return True
+    current = ready()
+    if current is None:
+        return False  # still being built: nothing could be delivered in time
+    return current.flush(max(0, int((deadline - time.monotonic()) * 1000)))
+
+
+def shutdown() -> None:
+    """Flush and shut down the providers the bridge built; the next event builds a fresh pipeline."""
+    if state.phase is Phase.FORKED:
+        _drainer.drain_all()
+    with state.lock:
+        current = state.current if state.phase is Phase.READY else None
+        state.builder = None
+        state.enter(Phase.UNSET, None)
+    _notify(Phase.UNSET)
+    if current is not None:
+        current.shutdown()
+
+
+def _reset_for_tests() -> None:
+    """Forget the pipeline without touching providers (tests install their own), and any placeholders."""
+    with state.lock:
+        for signal in _SIGNALS:
+            current = _compat.global_provider(signal)
+            if isinstance(current, _placeholders.Placeholder):
+                _compat.replace_global_provider(signal, current, None)
+        state.builder = None
+        state.on_ready.clear()
+        state.enter(Phase.UNSET, None)

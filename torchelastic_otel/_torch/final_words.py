@@ -1,0 +1,135 @@
+"""A dying worker's last records, kept where its agent reads them when the worker cannot send them itself.
+
+A worker's final words (its ``torchelastic.worker.exception`` and ``torchelastic.worker.terminated`` records) are
+the evidence this project exists for, and they are written at the worst moment: a SIGTERM lands anywhere (in an
+import, inside the bridge's own locks, before the pipeline was ever built), and the collector may be down or
+silent. So each is first written here, to a file in the directory the agent hands its workers
+(``TORCHELASTIC_OTEL_FAILURE_DIR``; plain ``os`` calls, no lock, no import), then sent through the worker's
+pipeline if it is READY; once a flush confirms it went out, the file is removed. What is left when the worker is
+gone, the agent sends (:func:`deliver`), with ``torchelastic.delivered_by="agent"``: a record may then arrive
+twice (sent, but not confirmed in time), never not at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+from typing import Any
+
+from opentelemetry import trace
+
+__all__ = ["write", "delivered", "deliver", "DIR_ENV"]
+
+_logger = logging.getLogger("torchelastic_otel")
+
+DIR_ENV = "TORCHELASTIC_OTEL_FAILURE_DIR"
+_PREFIX = "final-"
+#: Bound on what the agent reads of one file (the stacks of a process with many threads are cut at 8 KiB already).
+MAX_BYTES = 256 * 1024
+_sequence = itertools.count()
+
+
+# ---- worker side ----------------------------------------------------------------------------------------------
+
+
+def write(fields: dict[str, Any], ctx: Any = None) -> str | None:
+    """Keep the log record ``fields`` (``Logger.emit`` keywords, as ``events._otel.to_log_fields`` makes them) and
+    the span context of ``ctx`` for the agent; the file's path, or ``None`` (no directory, or it failed)."""
+    directory = os.environ.get(DIR_ENV)
+    if not directory:
+        return None
+    try:
+        data = {key: _plain(value) for key, value in fields.items()}
+        span_context = trace.get_current_span(ctx).get_span_context() if ctx is not None else None
+        if span_context is not None and span_context.is_valid:
+            data["trace_id"], data["span_id"] = span_context.trace_id, span_context.span_id
+            data["trace_flags"] = int(span_context.trace_flags)
+        path = os.path.join(directory, f"{_PREFIX}{os.getpid()}-{next(_sequence)}.json")
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8", errors="replace") as fh:
+            json.dump(data, fh, ensure_ascii=True)
+        os.replace(tmp, path)
+        return path
+    except Exception:
+        return None
+
+
+def _plain(value: Any) -> Any:
+    """What JSON holds: a severity enum as its number."""
+    number = getattr(value, "value", None)
+    return number if isinstance(number, int) and not isinstance(value, (bool, int)) else value
+
+
+def delivered(path: str | None) -> None:
+    """The worker's own flush sent the record: the agent has nothing to send for it."""
+    if path:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+# ---- agent side -----------------------------------------------------------------------------------------------
+
+
+def deliver(directory: str | None, logger: Any) -> int:
+    """Send the final words the workers of ``directory`` left behind through ``logger`` (the agent's) and remove
+    them; how many were sent. Never raises (a damaged file is removed and counted)."""
+    if not directory:
+        return 0
+    try:
+        names = sorted(name for name in os.listdir(directory) if name.startswith(_PREFIX) and name.endswith(".json"))
+    except OSError:
+        return 0
+    sent = 0
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            sent += _send(path, logger)
+        except Exception:
+            from torchelastic_otel import _selftelemetry
+
+            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "final_words_unreadable")
+            _logger.debug("torchelastic_otel: could not send %s", path, exc_info=True)
+        finally:
+            delivered(path)
+    return sent
+
+
+def _send(path: str, logger: Any) -> int:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        data = json.loads(fh.read(MAX_BYTES))
+    if not isinstance(data, dict) or not isinstance(data.get("attributes"), dict):
+        raise ValueError("not a record")
+    from opentelemetry._logs import SeverityNumber
+
+    attributes = dict(data["attributes"])
+    attributes["torchelastic.delivered_by"] = "agent"
+    logger.emit(
+        timestamp=_int(data.get("timestamp")),
+        observed_timestamp=_int(data.get("observed_timestamp")),
+        severity_number=SeverityNumber(data["severity_number"]) if data.get("severity_number") else None,
+        severity_text=data.get("severity_text"),
+        body=data.get("body"),
+        attributes=attributes,
+        event_name=data.get("event_name"),
+        context=_context(data),
+    )
+    return 1
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _context(data: dict[str, Any]) -> Any:
+    """The worker's trace context (its attempt span), so the record sits where the worker would have put it."""
+    trace_id, span_id = data.get("trace_id"), data.get("span_id")
+    if not (isinstance(trace_id, int) and isinstance(span_id, int)):
+        return None
+    span_context = trace.SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(int(data.get("trace_flags", 1)) & 0xFF)
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
