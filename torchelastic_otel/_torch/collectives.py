@@ -7,10 +7,11 @@ bridge reads it from its own thread (``_compat.flight_recorder``), never from th
 - every tick (1 s), the status only (a few µs): per process group the sequence number of the last collective
   enqueued, started and completed. The last enqueued becomes gauge ``torchelastic.worker.collective.seq``
   {``process_group``}: a rank whose number stays behind the others' is the rank the others wait for;
-- every ``TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL`` seconds (default 10; ~14 ms of a 2,000-entry dump, with the GIL
-  held: ~0.14 % of one core), the entries: each step's *arrival* -- the time from the start of the step (the end
-  of the one before, ``steps``) to this rank's enqueueing of the step's last collective -- becomes histogram
-  ``torchelastic.worker.step.arrival`` (s).
+- every ``TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL`` seconds, the entries: each step's *arrival* -- the time from the
+  start of the step (the end of the one before, ``steps``) to this rank's enqueueing of the step's last collective
+  -- becomes histogram ``torchelastic.worker.step.arrival`` (s). A dump of 2,000 entries takes 14-30 ms with the
+  GIL held (``bench/bench_steps.py``), so by default the reads are 10 s apart at least, and further apart when a
+  dump takes longer than 10 ms: at most 0.1 % of the training thread's time.
 
 Why arrival, not step time: under synchronous collectives every rank's step takes the same time, the fast ranks
 waiting inside a collective for the slow one. When a rank *arrives* differs: a rank slow in its data loading,
@@ -44,15 +45,21 @@ __all__ = ["Group", "status", "summary", "summary_attributes", "read_entries", "
 _logger = logging.getLogger("torchelastic_otel")
 
 
-def _interval() -> float:
+def _interval() -> float | None:
+    raw = os.environ.get("TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL", "").strip()
+    if not raw:
+        return None
     try:
-        return max(1.0, float(os.environ.get("TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL", "") or 10.0))
+        return max(1.0, float(raw))
     except ValueError:
-        return 10.0
+        _selftelemetry.count(_selftelemetry.SANITIZED, "metrics", "invalid_collectives_interval")
+        return None
 
 
-#: Seconds between two reads of the Flight Recorder's entries (the arrival of each step).
-INTERVAL = _interval()
+#: Seconds between two reads of the Flight Recorder's entries (the arrival of each step), when set.
+CONFIGURED_INTERVAL = _interval()
+#: By default: at least every 10 s, and no more often than keeps the reads (they hold the GIL) at 0.1 % of the time.
+INTERVAL, READ_SHARE = 10.0, 0.001
 _UNNAMED = ("", "undefined")
 
 
@@ -212,14 +219,18 @@ class _Arrivals:
 
     def __init__(self) -> None:
         self.done_until_ns = 0  # the end of the last step whose arrival was looked for
-        self.next_read = time.monotonic() + INTERVAL
+        self.next_read = time.monotonic() + (CONFIGURED_INTERVAL or INTERVAL)
 
     def due(self) -> bool:
         return time.monotonic() >= self.next_read
 
+    def read_took(self, seconds: float) -> None:
+        """Schedule the next read: the configured interval, else 10 s or more (``READ_SHARE``)."""
+        interval = CONFIGURED_INTERVAL or max(INTERVAL, seconds / READ_SHARE)
+        self.next_read = time.monotonic() + interval
+
     def record(self, entries: list[dict[str, Any]]) -> int:
         """Record the arrival of each step ended since the last time; how many were recorded."""
-        self.next_read = time.monotonic() + INTERVAL
         marks = steps.recent_marks()
         created = sorted(t for t in (_as_int(e.get("time_created_ns")) for e in entries) if t > 0)
         arrivals = arrivals_of(marks, created, self.done_until_ns)
@@ -255,7 +266,9 @@ def tick() -> list[Group]:
     if not enabled():
         return []
     if _arrivals.due():
+        started = time.monotonic()
         groups, entries = read_entries()
+        _arrivals.read_took(time.monotonic() - started)
         if entries:
             steps.drain()
             _arrivals.record(entries)
