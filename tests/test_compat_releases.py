@@ -82,7 +82,7 @@ def no_bridge_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_the_instrumentor_hands_the_workers_the_bridge(no_bridge_env: None) -> None:
     """``TorchElasticInstrumentor`` (what ``opentelemetry-instrument`` loads in the agent) puts the bridge's bootstrap
     on the workers' ``PYTHONPATH``, whatever the auto-instrumentation ``sitecustomize`` does, and takes it off."""
-    from torchelastic_otel._install import AUTO_INSTALL_ENV, BOOTSTRAP_DIR
+    from torchelastic_otel._install import AUTO_INSTALL_ENV, BOOTSTRAP_DIR, worker_environ
     from torchelastic_otel.instrumentation import TorchElasticInstrumentor
 
     providers = (TracerProvider(), MeterProvider(), LoggerProvider())
@@ -94,11 +94,13 @@ def test_the_instrumentor_hands_the_workers_the_bridge(no_bridge_env: None) -> N
     )
     try:
         assert torchelastic_otel.is_installed()
-        assert os.environ["PYTHONPATH"].split(os.pathsep) == [BOOTSTRAP_DIR, "/somewhere"]
-        assert os.environ[AUTO_INSTALL_ENV] == "1"
+        assert worker_environ()["PYTHONPATH"].split(os.pathsep) == [BOOTSTRAP_DIR, "/somewhere"]
+        assert worker_environ()[AUTO_INSTALL_ENV] == "1"
+        assert os.environ["PYTHONPATH"] == "/somewhere" and AUTO_INSTALL_ENV not in os.environ  # the agent's own
     finally:
         instrumentor.uninstrument()
     assert not torchelastic_otel.is_installed()
+    assert worker_environ() == {}
     assert os.environ["PYTHONPATH"] == "/somewhere" and AUTO_INSTALL_ENV not in os.environ
 
 

@@ -732,11 +732,14 @@ def _torch_state() -> dict[str, Any]:
     from torch.distributed.elastic.metrics import api as torch_metrics
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous
 
+    from torchelastic_otel._install import worker_environ
+
     state: dict[str, Any] = {
         "_log_handlers": dict(torch_handlers._log_handlers),
         "MetricStream.add_value": torch_metrics.MetricStream.__dict__.get("add_value"),
-        "PYTHONPATH": os.environ.get("PYTHONPATH"),
-        "TORCHELASTIC_OTEL_AUTO_INSTALL": os.environ.get("TORCHELASTIC_OTEL_AUTO_INSTALL"),
+        # What the workers get (never this process's own os.environ: see the test's environment check).
+        "workers' PYTHONPATH": worker_environ().get("PYTHONPATH"),
+        "workers' TORCHELASTIC_OTEL_AUTO_INSTALL": worker_environ().get("TORCHELASTIC_OTEL_AUTO_INSTALL"),
     }
     for cls, names in (
         (SimpleElasticAgent, ("run", "_initialize_workers", "_rendezvous", "_restart_workers")),
@@ -828,6 +831,7 @@ def test_install_uninstall_is_symmetric_and_idempotent(monkeypatch: pytest.Monke
         return found
 
     before = _torch_state()
+    environ_before = dict(os.environ)
     try:
         assert torchelastic_otel.install(*providers) is True
         installed = _torch_state()
@@ -843,8 +847,10 @@ def test_install_uninstall_is_symmetric_and_idempotent(monkeypatch: pytest.Monke
         expected = set(before) if as_worker else set(before) - worker_only
         assert changed == expected, f"install() changed {sorted(changed)}, expected {sorted(expected)}"
         assert "otel" in installed["_log_handlers"] and "otel" not in before["_log_handlers"]
-        assert installed["PYTHONPATH"].split(os.pathsep) == [BOOTSTRAP_DIR, "/some/where", "/else"]
-        assert installed["TORCHELASTIC_OTEL_AUTO_INSTALL"] == "1"
+        assert installed["workers' PYTHONPATH"].split(os.pathsep) == [BOOTSTRAP_DIR, "/some/where", "/else"]
+        assert installed["workers' TORCHELASTIC_OTEL_AUTO_INSTALL"] == "1"
+        if not as_worker:  # an agent or launcher (a worker's set-up is the workers' business)
+            assert dict(os.environ) == environ_before, "install() changed this process's environment"
 
         # torch's own metric API reaches the meter provider given to install(), for any group...
         torch_metrics.put_metric("inproc.value", 7, "inproc")
@@ -876,6 +882,8 @@ def test_install_uninstall_is_symmetric_and_idempotent(monkeypatch: pytest.Monke
         pipeline._reset_for_tests()
 
     assert not torchelastic_otel.is_installed()
+    if not as_worker:
+        assert dict(os.environ) == environ_before
     for key in before:
         assert _same(before[key], after[key]), f"uninstall() did not restore {key}: {before[key]!r} -> {after[key]!r}"
         assert _same(after[key], again_after[key]), f"second uninstall() changed {key}"

@@ -2,8 +2,9 @@
 
 Symmetric and idempotent: ``install`` records every change it makes (see ``_torch.patches``) and ``uninstall``
 undoes exactly those. In the agent it also arranges for the workers it starts to install the bridge themselves
-(``propagate_to_workers``): a bootstrap directory is put on ``PYTHONPATH`` whose ``sitecustomize`` installs the
-bridge at interpreter start-up (and then runs any other ``sitecustomize`` on the path).
+(``propagate_to_workers``): a bootstrap directory is put on the workers' ``PYTHONPATH`` whose ``sitecustomize``
+installs the bridge at interpreter start-up (and then runs any other ``sitecustomize`` on the path). Only the
+workers' environment carries it: this process's ``os.environ`` is left as it was.
 """
 
 from __future__ import annotations
@@ -37,26 +38,35 @@ def is_installed() -> bool:
     return _patches is not None
 
 
+#: What the workers an agent of this process starts get in their environment: var -> (value, prepend to a path list).
+#: Never put in this process's ``os.environ``: the agent's wrapper of ``_start_workers`` applies it only while the
+#: workers start (``worker_environ``), so a process that launches in-process keeps its environment as it was.
+_for_workers: dict[str, tuple[str, bool]] = {}
+
+
 def _prepend_env_path(patches: Any, var: str, entry: str) -> None:
-    current = os.environ.get(var)
-    parts = current.split(os.pathsep) if current else []
-    if entry in parts:
-        return
-    os.environ[var] = os.pathsep.join([entry, *parts])
-
-    def undo() -> None:
-        if current is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = current
-
-    patches.on_restore(undo)
+    """The workers get ``entry`` first on the path list ``var`` (their own value of it, from this process's)."""
+    _for_workers[var] = (entry, True)
+    patches.on_restore(lambda: _for_workers.pop(var, None))
 
 
 def _set_env(patches: Any, var: str, value: str) -> None:
-    previous = os.environ.get(var)
-    os.environ[var] = value
-    patches.on_restore(lambda: os.environ.pop(var, None) if previous is None else os.environ.__setitem__(var, previous))
+    """The workers get ``var=value``."""
+    _for_workers[var] = (value, False)
+    patches.on_restore(lambda: _for_workers.pop(var, None))
+
+
+def worker_environ() -> dict[str, str]:
+    """The variables to give the workers starting now, against this process's environment as it is now."""
+    out: dict[str, str] = {}
+    for var, (value, prepend) in list(_for_workers.items()):
+        if prepend:
+            current = os.environ.get(var)
+            parts = current.split(os.pathsep) if current else []
+            out[var] = current if value in parts else os.pathsep.join([value, *parts])  # type: ignore[assignment]
+        else:
+            out[var] = value
+    return out
 
 
 def _agent_loaded() -> bool:

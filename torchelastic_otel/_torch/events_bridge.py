@@ -5,8 +5,10 @@
 - the "otel" destination exists, so ``torchrun --event-log-handler otel`` works;
 - rendezvous events: torch drops them while "dynamic_rendezvous" is a NullHandler and otherwise walks
   ``inspect.stack()`` (0.3-0.6 ms a call). The bridge replaces ``construct_and_record_rdzv_event`` in the modules
-  that imported it by name with a frame-based version that always exports, and still feeds a real handler a user
-  put on torch's "dynamic_rendezvous" destination.
+  that imported it by name with a frame-based version that always exports, and then takes torch's own path: where
+  torch would record the event (its "dynamic_rendezvous" handler is not a NullHandler), it calls torch's
+  ``record_rdzv_event`` -- looked up in torch's events module at each call, so code that patches or wraps it (a
+  library, torch's own tests) sees every event it saw without the bridge, with torch's ``RdzvEvent``.
 """
 
 from __future__ import annotations
@@ -41,22 +43,49 @@ def _rdzv_recorder(handler: logging.Handler):  # type: ignore[no-untyped-def]
         local_id: int | None = None,
         rank: int | None = None,
     ) -> None:
-        """torch's signature; exports the event to OpenTelemetry (and to a real torch handler, if any)."""
+        """torch's signature; exports the event to OpenTelemetry, then records it as torch would."""
         try:
             event = _make_rdzv_event(
                 sys._getframe(1), run_id, message, node_state, name, hostname, pid, master_endpoint, local_id, rank
             )
             event_adapter.export_event(event)
-            user_handler = torch_events.get_logging_handler("dynamic_rendezvous")
-            if user_handler is not handler and not isinstance(user_handler, logging.NullHandler):
-                _compat.torch_event_logger("dynamic_rendezvous").info(event.serialize())
         except Exception:  # a rendezvous must never fail because of telemetry
             from torchelastic_otel import _selftelemetry
 
             _selftelemetry.count(_selftelemetry.DROPPED, "logs", "rdzv_event_error")
+            return
+        torch_handler = torch_events.get_logging_handler("dynamic_rendezvous")
+        if torch_handler is not handler and not isinstance(torch_handler, logging.NullHandler):
+            torch_events.record_rdzv_event(_torch_event(torch_events, event))
 
     construct_and_record_rdzv_event.__torchelastic_otel__ = True  # type: ignore[attr-defined]
     return construct_and_record_rdzv_event
+
+
+def _torch_event(torch_events: Any, event: Any) -> Any:
+    """The bridge's ``RdzvEvent`` as torch's (same fields), which is what torch's ``record_rdzv_event`` is given;
+    the bridge's own (same JSON) if torch's no longer takes these fields (counted)."""
+    try:
+        return torch_events.RdzvEvent(**{field: getattr(event, field) for field in _RDZV_FIELDS})
+    except Exception:
+        from torchelastic_otel import _selftelemetry
+
+        _selftelemetry.count(_selftelemetry.FALLBACK, "logs", "torch_rdzv_event")
+        return event
+
+
+_RDZV_FIELDS = (
+    "name",
+    "run_id",
+    "message",
+    "hostname",
+    "pid",
+    "node_state",
+    "master_endpoint",
+    "rank",
+    "local_id",
+    "error_trace",
+)
 
 
 def install(patches: Patches, handler: logging.Handler, *, import_rendezvous: bool = True) -> None:

@@ -22,12 +22,14 @@ current span, the run nests under it instead.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import socket
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -226,26 +228,68 @@ def _wrap_start(orig: Callable[..., Any]) -> Callable[..., Any]:
             "torchelastic.workers.start",
             attributes={"torchelastic.restart_count": _restart_count(self)},
         ) as span:
-            carrier: dict[str, str] = {}
             parent = state.attempt if state.attempt is not None else span
-            _propagator.inject(carrier, context=trace.set_span_in_context(parent))
-            saved = {key: os.environ.get(key) for key in ("TRACEPARENT", "TRACESTATE")}
-            os.environ["TRACEPARENT"] = carrier.get("traceparent", "")
-            if carrier.get("tracestate"):
-                os.environ["TRACESTATE"] = carrier["tracestate"]
-            try:
+            with _environ_for_workers(_safe(_worker_env, parent) or {}):
                 result = orig(self, worker_group, *args, **kwargs)
-            finally:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
             if isinstance(result, dict):
                 span.set_attribute("torchelastic.worker_pids", [int(p) for p in result.values() if _is_int(p)])
             return result
 
     return _start_workers
+
+
+def _worker_env(parent: trace.Span) -> dict[str, str | None]:
+    """What the workers starting now get in their environment (``None``: not set for them): the attempt's trace
+    context, where to write their failures, and what ``install()`` hands down (the bootstrap on ``PYTHONPATH``)."""
+    from torchelastic_otel._install import worker_environ
+
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=trace.set_span_in_context(parent))
+    return {
+        **worker_environ(),
+        root_cause.FAILURE_DIR_ENV: root_cause.agent_failure_dir(),
+        "TRACEPARENT": carrier.get("traceparent", ""),
+        "TRACESTATE": carrier.get("tracestate") or None,
+    }
+
+
+#: One agent at a time gives its workers their environment (agents may run in threads of one process).
+_environ_lock = threading.Lock()
+
+
+def _new_environ_lock() -> None:
+    """A forked worker may be held by its parent's lock (fork while starting workers): it gets a free one."""
+    global _environ_lock
+    _environ_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_environ_lock)
+
+
+@contextlib.contextmanager
+def _environ_for_workers(env: dict[str, str | None]) -> Iterator[None]:
+    """``env`` in ``os.environ`` while the workers start, then exactly what was there before.
+
+    A worker inherits its environment when it starts -- a script's subprocess, and a function's spawned or forked
+    process alike -- and a spawned interpreter reads ``PYTHONPATH`` before torch passes it anything, so the
+    environment of the start is where these go; they are never left in the launching process's ``os.environ``.
+    """
+    with _environ_lock:
+        saved = {key: os.environ.get(key) for key in env}
+        try:
+            for key, value in env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 def _is_int(value: Any) -> bool:
@@ -317,7 +361,7 @@ def _report_root_cause(agent: Any, state: _AgentState, worker_group: Any, failur
     gauge, whose lowest value over every agent of a run names the job's first failure (one PromQL query)."""
     failed = {int(rank) for rank in failures}
     running = [int(w.global_rank) for w in getattr(worker_group, "workers", ()) if int(w.global_rank) not in failed]
-    cause = root_cause.find(failures, running, os.environ.get(root_cause.FAILURE_DIR_ENV))
+    cause = root_cause.find(failures, running, root_cause.failure_dir())
     if cause is None:
         return
     host = socket.gethostname()  # as OpenTelemetry's host.name (getfqdn may say localhost)
@@ -423,7 +467,7 @@ def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None
         wrapped.__torchelastic_otel__ = True  # type: ignore[attr-defined]
         patches.set(cls, name, wrapped)
 
-    _hand_out_failure_dir(patches)
+    patches.on_restore(root_cause.discard_failure_dir)  # made when the first workers start (``_worker_env``)
     wrap(SimpleElasticAgent, "run", lambda f: _wrap_run(f, metric_emit))
     wrap(SimpleElasticAgent, "_initialize_workers", _wrap_initialize)
     wrap(SimpleElasticAgent, "_rendezvous", lambda f: _wrap_span("torchelastic.rendezvous", f))
@@ -432,26 +476,3 @@ def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None
     wrap(LocalElasticAgent, "_monitor_workers", _wrap_monitor)
     wrap(LocalElasticAgent, "_stop_workers", _wrap_stop)
     wrap(LocalElasticAgent, "_shutdown", lambda f: _wrap_span("torchelastic.agent.shutdown", f))
-
-
-def _hand_out_failure_dir(patches: Patches) -> None:
-    """Workers inherit the agent's environment: tell them where to write an uncaught exception for the agent."""
-    if os.environ.get(root_cause.FAILURE_DIR_ENV):
-        return
-    import atexit
-    import shutil
-
-    directory = root_cause.make_failure_dir()
-    os.environ[root_cause.FAILURE_DIR_ENV] = directory
-
-    def discard() -> None:
-        shutil.rmtree(directory, ignore_errors=True)
-
-    def remove() -> None:
-        if os.environ.get(root_cause.FAILURE_DIR_ENV) == directory:
-            del os.environ[root_cause.FAILURE_DIR_ENV]
-        atexit.unregister(discard)
-        discard()
-
-    atexit.register(discard)
-    patches.on_restore(remove)

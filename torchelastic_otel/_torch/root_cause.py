@@ -7,7 +7,8 @@ timestamp and prints the first as "Root Cause", as console text on one node, and
 
 Here each worker's uncaught exception is also written to a small file of the bridge's (``write_failure``: the
 exception's type, message and traceback, and its time in nanoseconds) in a directory the agent creates and hands to
-its workers (``TORCHELASTIC_OTEL_FAILURE_DIR``); ``find`` then ranks an attempt's failures by the most precise time
+the workers it starts (``TORCHELASTIC_OTEL_FAILURE_DIR`` in their environment only: the agent's own ``os.environ``
+is left as it was, see ``agent_failure_dir``); ``find`` then ranks an attempt's failures by the most precise time
 known for each -- that file's, else torch's error-file timestamp (whole seconds), else when the agent observed the
 exit -- and returns the first with its exit code or signal, traceback and the other ranks (failed later, or still
 running and so stopped by the agent) as consequences.
@@ -15,10 +16,13 @@ running and so stopped by the agent) as consequences.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -26,7 +30,17 @@ from typing import Any
 
 from torchelastic_otel.events._otel import parse_error
 
-__all__ = ["FAILURE_DIR_ENV", "RootCause", "attributes", "find", "make_failure_dir", "write_failure"]
+__all__ = [
+    "FAILURE_DIR_ENV",
+    "RootCause",
+    "agent_failure_dir",
+    "attributes",
+    "discard_failure_dir",
+    "failure_dir",
+    "find",
+    "make_failure_dir",
+    "write_failure",
+]
 
 FAILURE_DIR_ENV = "TORCHELASTIC_OTEL_FAILURE_DIR"
 #: Bound on what a worker writes and the agent reads (a traceback of a deep recursion is megabytes).
@@ -66,6 +80,43 @@ class RootCause:
 def make_failure_dir() -> str:
     """A fresh directory for the workers' failure files (the agent's; removed with the bridge)."""
     return tempfile.mkdtemp(prefix="torchelastic-otel-failures-")
+
+
+_made: list[str] = []  # the directory this process made for its workers, if any
+_made_lock = threading.Lock()
+_exit_hook: list[bool] = []  # ``discard_failure_dir`` registered with atexit (once per process)
+
+
+def failure_dir() -> str | None:
+    """Where the workers of this process's agents write their failures: the directory this process was handed
+    (a launcher above it set ``TORCHELASTIC_OTEL_FAILURE_DIR``), else the one it made; ``None`` before either."""
+    return os.environ.get(FAILURE_DIR_ENV) or (_made[0] if _made else None)
+
+
+def agent_failure_dir() -> str:
+    """The directory to hand to the workers an agent starts: the one this process was handed, else one made on first
+    use and kept for the process (removed at exit, or by ``discard_failure_dir`` when the bridge is uninstalled).
+    Made here rather than put in ``os.environ``: a process that launches in-process keeps its environment as it
+    was, and only the workers' environment carries it."""
+    handed = os.environ.get(FAILURE_DIR_ENV)
+    if handed:
+        return handed
+    with _made_lock:
+        if not _made:
+            _made.append(make_failure_dir())
+            if not _exit_hook:
+                _exit_hook.append(True)
+                atexit.register(discard_failure_dir)
+        return _made[0]
+
+
+def discard_failure_dir() -> None:
+    """Remove the directory this process made for its workers (nothing if it made none)."""
+    with _made_lock:
+        made = list(_made)
+        _made.clear()
+    for directory in made:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def write_failure(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
