@@ -51,3 +51,22 @@ def test_capture_lists_the_main_thread_first_and_is_bounded() -> None:
     assert len(stacks.text) <= _stacks.MAX_CHARS
     assert stacks.text.endswith("(stacks truncated)\n")
     assert stacks.threads >= 21
+
+
+def test_a_process_stopped_while_importing_is_on_its_import_line(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Stopped inside ``import torch`` (which was importing NumPy then), the user's line is the ``import``, not a
+    line of the module being imported."""
+    import importlib
+    import sys
+
+    from torchelastic_otel import _stacks
+
+    (tmp_path / "_being_imported.py").write_text(
+        "import sys\nfrom torchelastic_otel import _stacks\nFOUND = _stacks.user_frame(sys._getframe())\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("_being_imported", None)
+    module = importlib.import_module("_being_imported")  # the import line of this test
+    found = module.FOUND
+    assert found is not None and found.path == __file__ and found.function.startswith("test_a_process_stopped"), found
+    assert _stacks.user_frame(sys._getframe()).path == __file__

@@ -70,14 +70,27 @@ def capture(main_frame: FrameType | None = None) -> Stacks:
 
 def user_frame(frame: FrameType | None) -> UserFrame | None:
     """The innermost frame outside torch (and its torchgen, functorch), OpenTelemetry, gRPC, the bridge and the
-    standard library: the line of the user's script (or of a training library it uses)."""
+    standard library: the line of the user's script (or of a training library it uses). A process stopped while
+    importing is on the line of the outermost ``import`` (``import torch``), not in whatever module torch was
+    importing then (NumPy's, say)."""
     packages, stdlib = _library_roots()
+    frame = _outside_imports(frame)
     while frame is not None:
         path = frame.f_code.co_filename
         if not path.startswith("<") and not _in_library(os.path.abspath(path), packages, stdlib):
             return UserFrame(path, frame.f_lineno or 0, frame.f_code.co_name)
         frame = frame.f_back
     return None
+
+
+def _outside_imports(frame: FrameType | None) -> FrameType | None:
+    """The caller of the outermost import in progress (``<frozen importlib._bootstrap>``), or ``frame``."""
+    outside, current = frame, frame
+    while current is not None:
+        if current.f_code.co_filename.startswith("<frozen importlib"):
+            outside = current.f_back
+        current = current.f_back
+    return outside
 
 
 def _in_library(path: str, packages: tuple[str, ...], stdlib: tuple[str, ...]) -> bool:
