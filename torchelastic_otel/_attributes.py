@@ -5,6 +5,12 @@ else is dropped by the SDK with a warning, and an out-of-range int fails the who
 encoder. Users' metadata is arbitrary (nested dicts, bytes, self-referencing containers, huge strings), so every
 value is made valid here, keys are namespaced so metadata can never pose as resource or semantic-convention
 attributes, and sizes are bounded. Whatever is altered or left out is counted (see ``_selftelemetry``).
+
+Every string is also made encodable (:func:`encodable`): Python strings may hold lone surrogates (what
+``surrogateescape`` makes of a non-UTF-8 file name, ``os.environ`` value or argv), which UTF-8 -- and so the OTLP
+protobuf encoder -- cannot encode. As a record's body or name such a string fails the whole export batch; as an
+attribute the SDK drops it and logs a traceback. They become U+FFFD here, counted as
+``sanitized{reason="lone_surrogates"}``.
 """
 
 from __future__ import annotations
@@ -15,7 +21,16 @@ from typing import Any
 
 from torchelastic_otel import _selftelemetry
 
-__all__ = ["flatten", "attribute_value", "safe_str", "MAX_ATTRIBUTES", "MAX_STRING_LENGTH", "MAX_DEPTH"]
+__all__ = [
+    "flatten",
+    "attribute_value",
+    "safe_str",
+    "encodable",
+    "encodable_attributes",
+    "MAX_ATTRIBUTES",
+    "MAX_STRING_LENGTH",
+    "MAX_DEPTH",
+]
 
 #: At most this many attributes come out of one mapping; the rest are counted as dropped.
 MAX_ATTRIBUTES = 96
@@ -30,11 +45,60 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _PRIMITIVES = (bool, int, float, str)
 
 
+#: The self-telemetry reason of a string whose lone surrogates were replaced.
+LONE_SURROGATES = "lone_surrogates"
+
+
+def encodable(text: str, signal: str = "logs") -> str:
+    """``text`` as UTF-8 can encode it: each lone surrogate becomes U+FFFD (counted once per string as
+    ``sanitized{signal, reason="lone_surrogates"}``); a surrogate pair becomes the character it encodes.
+
+    The one function every string goes through on its way to OpenTelemetry. ASCII text (the common case) costs
+    one O(1) ``isascii``; other text one UTF-8 encode; only an unencodable string is rebuilt.
+    """
+    if text.isascii():
+        return text
+    try:
+        str.encode(text, "utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    _selftelemetry.count(_selftelemetry.SANITIZED, signal, LONE_SURROGATES)
+    return str.encode(text, "utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def encodable_attributes(attributes: dict[str, Any], signal: str = "traces") -> dict[str, Any]:
+    """``attributes`` (already valid OTel attribute values) with every string key, value and sequence element made
+    :func:`encodable`; the same dict when nothing needed it (the common case: no copy)."""
+    changed: dict[str, Any] | None = None
+    for key, value in attributes.items():
+        new_key = encodable(key, signal) if type(key) is str else key
+        if isinstance(value, str):
+            new_value: Any = encodable(value, signal)
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, str) for v in value):
+            new_value = [encodable(v, signal) if isinstance(v, str) else v for v in value]
+            if all(a is b for a, b in zip(new_value, value)):
+                new_value = value
+        else:
+            new_value = value
+        if new_key is not key or new_value is not value:
+            if changed is None:
+                changed = {}
+            changed[key] = (new_key, new_value)
+    if changed is None:
+        return attributes
+    out: dict[str, Any] = {}
+    for key, value in attributes.items():
+        new_key, new_value = changed.get(key, (key, value))
+        out[new_key] = new_value
+    return out
+
+
 def _text(value: str, signal: str) -> str:
     if len(value) > MAX_STRING_LENGTH:
         _selftelemetry.count(_selftelemetry.SANITIZED, signal, "string_truncated")
-        return value[:MAX_STRING_LENGTH]
-    return value
+        value = value[:MAX_STRING_LENGTH]
+    return value if value.isascii() else encodable(value, signal)
 
 
 def safe_str(value: Any) -> str:
@@ -104,9 +168,9 @@ def _sequence_value(seq: list | tuple, signal: str) -> Any:
     return _json_text(seq, signal)
 
 
-def _key(key: Any) -> str:
+def _key(key: Any, signal: str) -> str:
     text = safe_str(key.value if isinstance(key, Enum) else key)
-    return text[:MAX_KEY_LENGTH] or "_"
+    return encodable(text[:MAX_KEY_LENGTH], signal) or "_"
 
 
 def flatten(
@@ -122,8 +186,9 @@ def flatten(
 
     ``None`` values are left out by design (OTel has no null attribute); keys in ``skip`` too. ``unwrap`` takes
     the element of 1-element lists (torch packs worker details that way). This is the hot path of every event,
-    so plain ``str`` keys with ``str``/``int``/``float``/``bool`` values -- all of torch's agent metadata -- are
-    checked inline; anything else goes through :func:`attribute_value`. Returns ``out``.
+    so plain ASCII ``str`` keys with ``str``/``int``/``float``/``bool`` values -- all of torch's agent metadata --
+    are checked inline; anything else goes through :func:`attribute_value` (other keys through :func:`encodable`).
+    Returns ``out``.
     """
     if not isinstance(mapping, dict):
         return out
@@ -134,10 +199,13 @@ def flatten(
             value = value[0]
         if value is None:
             continue
-        key = prefix + raw_key if type(raw_key) is str and 0 < len(raw_key) <= MAX_KEY_LENGTH else prefix + _key(raw_key)
+        if type(raw_key) is str and 0 < len(raw_key) <= MAX_KEY_LENGTH and raw_key.isascii():
+            key = prefix + raw_key
+        else:
+            key = prefix + _key(raw_key, signal)
         kind = type(value)
         if kind is str:
-            if len(value) > MAX_STRING_LENGTH:
+            if len(value) > MAX_STRING_LENGTH or not value.isascii():
                 value = _text(value, signal)
         elif kind is int:
             if not _INT64_MIN <= value <= _INT64_MAX:

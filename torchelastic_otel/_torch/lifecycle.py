@@ -36,7 +36,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from torchelastic_otel import _compat, _selftelemetry, pipeline
+from torchelastic_otel import _attributes, _compat, _selftelemetry, pipeline
 from torchelastic_otel._torch import root_cause
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.events import _otel as event_adapter
@@ -124,7 +124,7 @@ def _end_attempt(state: _AgentState) -> None:
 def _run_attributes(agent: Any) -> dict[str, Any]:
     spec = _spec(agent)
     rdzv = spec.rdzv_handler
-    return {
+    attributes = {
         "torchelastic.run_id": str(rdzv.get_run_id()),
         "torchelastic.role": str(spec.role),
         "torchelastic.rdzv_backend": str(rdzv.get_backend()),
@@ -132,6 +132,7 @@ def _run_attributes(agent: Any) -> dict[str, Any]:
         "torchelastic.local_world_size": int(spec.local_world_size),
         "torchelastic.entrypoint": str(spec.get_entrypoint_name()),
     }
+    return _attributes.encodable_attributes(attributes, "traces")  # a run id or argv may hold lone surrogates
 
 
 def _record_event(name: str, metadata: dict[str, Any]) -> None:
@@ -156,7 +157,7 @@ def _wrap_run(orig: Callable[..., Any], metric_emit: Callable[[MetricData], None
             result = orig(self, *args, **kwargs)
         except BaseException as exc:
             span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            span.set_status(Status(StatusCode.ERROR, _attributes.encodable(f"{type(exc).__name__}: {exc}", "traces")))
             raise
         else:
             _safe(_finish_run, span, result)
@@ -198,7 +199,9 @@ def _wrap_initialize(orig: Callable[..., Any]) -> Callable[..., Any]:
                 return orig(self, worker_group, *args, **kwargs)
             except BaseException as exc:
                 attempt.record_exception(exc)
-                attempt.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                attempt.set_status(
+                    Status(StatusCode.ERROR, _attributes.encodable(f"{type(exc).__name__}: {exc}", "traces"))
+                )
                 _end_attempt(state)
                 raise
 
@@ -364,8 +367,9 @@ def _report_root_cause(agent: Any, state: _AgentState, worker_group: Any, failur
     cause = root_cause.find(failures, running, root_cause.failure_dir())
     if cause is None:
         return
-    host = socket.gethostname()  # as OpenTelemetry's host.name (getfqdn may say localhost)
-    attributes = {**root_cause.attributes(cause), "host.name": host}
+    host = _attributes.encodable(socket.gethostname(), "traces")  # as OTel's host.name (getfqdn may say localhost)
+    # The exception's message and traceback come back from the worker's file and may hold lone surrogates.
+    attributes = _attributes.encodable_attributes({**root_cause.attributes(cause), "host.name": host}, "traces")
     metadata = {
         "state": "FAILED",
         "run_id": state.run_attributes.get("torchelastic.run_id"),

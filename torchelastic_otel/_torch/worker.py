@@ -30,7 +30,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 
-from torchelastic_otel import _runtime, _stacks, pipeline
+from torchelastic_otel import _attributes, _runtime, _stacks, pipeline
 from torchelastic_otel._torch import final_words, root_cause, training, worker_logging
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker_env import agent_context, is_torchrun_worker
@@ -125,7 +125,7 @@ def _final_words(event: Event, extra: dict[str, Any] | None = None) -> str | Non
     for, within half of the exit bound.
     """
     fields = event_adapter.to_log_fields(event)
-    fields["attributes"].update(extra or {})
+    fields["attributes"].update(_attributes.encodable_attributes(extra, "logs") if extra else {})  # code.file.path
     ctx = _attempt[0]
     path = final_words.write(fields, ctx)
     if path is None and pipeline.building():

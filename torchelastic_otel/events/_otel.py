@@ -10,7 +10,9 @@ Mapping (documented in the README):
 - timestamp: the event's (milliseconds) when non-zero, else now (torch's agent always sends 0);
 - metadata -> attributes under ``torchelastic.`` (None left out, containers made valid); torch's JSON-string
   ``metadata`` field is parsed into ``torchelastic.metadata.<key>``, its 1-element lists unwrapped;
-- trace and span ids: the caller's current span, which also receives the event as a span event.
+- trace and span ids: the caller's current span, which also receives the event as a span event;
+- every string (name, body, keys, values) goes through ``_attributes``: made encodable (lone surrogates become
+  U+FFFD, counted as ``sanitized{reason="lone_surrogates"}``), so one event can never fail an export batch.
 
 The span event is added in the caller's thread (the current span is the caller's). The log record is buffered
 with the caller's context and converted and emitted by the drainer, off the caller's thread: the SDK's record
@@ -29,7 +31,7 @@ from typing import Any
 from opentelemetry import context, trace
 from opentelemetry._logs import NoOpLogger, SeverityNumber
 
-from torchelastic_otel import _attributes, _deferred, _drainer, _selftelemetry, pipeline
+from torchelastic_otel import _attributes, _drainer, _selftelemetry, pipeline
 from torchelastic_otel.events.api import Event, EventHandler, RdzvEvent
 from torchelastic_otel.version import __version__
 
@@ -46,6 +48,7 @@ _SEVERITY = {
     "TERMINATED": (SeverityNumber.WARN, "WARN"),
     "UNHEALTHY": (SeverityNumber.WARN, "WARN"),
     "RESTART": (SeverityNumber.WARN, "WARN"),
+    "STALLED": (SeverityNumber.WARN, "WARN"),
 }
 _INFO = (SeverityNumber.INFO, "INFO")
 
@@ -110,7 +113,7 @@ def _exception_attributes(error: Any, out: dict[str, Any]) -> None:
         return
     kind, message, stack = parsed
     if kind is not None:
-        out["exception.type"] = kind
+        out["exception.type"] = _attributes.attribute_value(kind)
     if message is not None:
         out["exception.message"] = _attributes.attribute_value(message)
     if stack:
@@ -201,9 +204,10 @@ def to_log_fields(event: Event | RdzvEvent, now: int | None = None) -> dict[str,
         _selftelemetry.count(_selftelemetry.SANITIZED, "logs", "timestamp_invalid")
         timestamp = now
     name = event.name if isinstance(event.name, str) and event.name else "torchelastic.event"
+    event_name = _attributes.attribute_value(name)
     return {
-        "event_name": _attributes.attribute_value(name),
-        "body": _attributes.attribute_value(body),
+        "event_name": event_name,
+        "body": event_name if body is name else _attributes.attribute_value(body),  # one string, made valid once
         "severity_number": severity_number,
         "severity_text": severity_text,
         "attributes": attributes,
@@ -299,15 +303,16 @@ _buffer = _EventBuffer()
 def export_event(event: Event | RdzvEvent, extra_attributes: dict[str, Any] | None = None) -> None:
     """Export ``event`` as a log record (buffered) and as a span event on the current recording span (now).
 
-    ``extra_attributes`` (valid attribute values) are added as they are, outside the ``torchelastic.`` namespace:
-    semantic-convention attributes the bridge sets itself (``code.*``).
+    ``extra_attributes`` (valid attribute values) are added outside the ``torchelastic.`` namespace, their strings
+    made encodable: semantic-convention attributes the bridge sets itself (``code.*``, a root cause's
+    ``exception.*`` read back from a worker's file).
 
     Never raises. Nothing is done when nobody can receive it: a no-op logger (``OTEL_SDK_DISABLED``, a no-op
     provider) and no recording span.
     """
     try:
-        # While a worker's pipeline set-up is deferred, the record is buffered: its drain sets the pipeline up.
-        enabled = _deferred.setup_pending() or not isinstance(_emitter.logger(), NoOpLogger)
+        # While a worker's pipeline is being built, the record is buffered for it.
+        enabled = pipeline.building() or not isinstance(_emitter.logger(), NoOpLogger)
         span = trace.get_current_span()
         recording = span.is_recording()
         if not (enabled or recording):
@@ -316,7 +321,8 @@ def export_event(event: Event | RdzvEvent, extra_attributes: dict[str, Any] | No
         fields = None
         if recording or extra_attributes:
             fields = to_log_fields(event, now)
-            fields["attributes"].update(extra_attributes or {})
+            if extra_attributes:
+                fields["attributes"].update(_attributes.encodable_attributes(extra_attributes, "logs"))
         if recording:
             span.add_event(fields["event_name"], fields["attributes"], fields["timestamp"])
         if enabled:

@@ -5,6 +5,10 @@ SDK instrument call costs ~10x torch's whole null ``put_metric``. So ``emit`` on
 bounded buffer; the values reach the SDK instruments (chosen by the rule table in :mod:`.rules`) from a background
 drainer (``torchelastic_otel._drainer``): every 0.5 s, at the start of every metric collection, and at every
 flush. A full buffer drops the newest value and counts it; nothing blocks the caller.
+
+A metric's group and name become the instrument name and its attributes; both are made encodable first
+(``_attributes.encodable``: lone surrogates become U+FFFD, counted once per distinct stream as
+``sanitized{signal="metrics", reason="lone_surrogates"}``), so no value can fail a metric export.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 import time
 from typing import Any, Callable
 
-from torchelastic_otel import _drainer, _selftelemetry, pipeline
+from torchelastic_otel import _attributes, _drainer, _selftelemetry, pipeline
 from torchelastic_otel.metrics.api import MetricData, MetricHandler
 from torchelastic_otel.metrics.rules import DEFAULT_RULES, DURATION_BUCKETS_S, Binding, MetricRule, resolve
 from torchelastic_otel.version import __version__
@@ -226,6 +230,8 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
             self._generation = generation
 
     def _bind(self, group: str, name: str) -> _Bound:
+        """Resolve ``(group, name)`` (made encodable: they become attribute values) to its instrument."""
+        group, name = _attributes.encodable(group, "metrics"), _attributes.encodable(name, "metrics")
         binding = resolve(self.rules, group, name)
         instrument = self._instruments.get(binding.instrument)
         if instrument is None:
@@ -240,7 +246,12 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
         return _Bound(call, binding)
 
     def _create(self, binding: Binding) -> Any:
-        meter, name, unit, desc = self._meter, binding.instrument, binding.unit, binding.description
+        meter, name = self._meter, binding.instrument
+        # A user's rule may carry any text; the description is sent as it is (an unencodable one fails the export).
+        unit, desc = (
+            _attributes.encodable(text, "metrics") if isinstance(text, str) else text
+            for text in (binding.unit, binding.description)
+        )
         if binding.kind == "counter":
             return meter.create_counter(name, unit=unit, description=desc)
         if binding.kind == "updown_counter":
