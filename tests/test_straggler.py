@@ -289,3 +289,21 @@ def test_the_html_report_in_a_real_browser(outcome: Outcome, reported: Any, tmp_
     assert [r["rank"] for r in page["rows"] if r["straggler"]] == [str(SLOW_RANK)]
     assert sorted(page["lines"]) == ["0", "1", "2", "3"] and page["title"] == "torchelastic.worker.step.arrival per rank"
     assert page["metricCharts"] > 0  # the metric charts are still drawn in their own place
+
+
+# ---- the committed stack configuration -------------------------------------------------------------------------
+
+
+def test_the_training_dashboard_and_rules_are_wired_into_the_stack() -> None:
+    """Grafana loads every file of the dashboards directory; Prometheus (and docker compose's mount) the rules."""
+    import json
+
+    board = json.loads(training_jobs.TRAINING_DASHBOARD.read_text())
+    assert board["uid"] == "torchelastic-training" and board["uid"] != json.loads(stack.DASHBOARD.read_text())["uid"]
+    assert training_jobs.TRAINING_DASHBOARD.parent == stack.DASHBOARD.parent
+    sources = {(t.get("datasource") or {}).get("uid") for t in stack.dashboard_targets(training_jobs.TRAINING_DASHBOARD)}
+    assert sources == {"prometheus", "loki"}  # provisioned (grafana/provisioning/datasources)
+    config = training_jobs.yaml.safe_load(stack.PROMETHEUS_YML.read_text())
+    assert f"alerts/{training_jobs.TRAINING_RULES.name}" in config["rule_files"]
+    exprs = "\n".join(stack.rule_exprs(training_jobs.TRAINING_RULES).values())
+    assert "torchelastic_worker_step_arrival_seconds_sum" in exprs and "torchelastic_worker_collective_seq" in exprs

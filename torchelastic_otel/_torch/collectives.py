@@ -257,12 +257,10 @@ def arrivals_of(marks: list[int], created: list[int], after_ns: int = 0) -> list
 
 
 _arrivals = _Arrivals()
-_last_groups: list[Group] = []
 
 
 def tick() -> list[Group]:
     """The watchdog's tick: the seq gauge from the status; every INTERVAL, the steps' arrivals. The groups seen."""
-    global _last_groups
     if not enabled():
         return []
     if _arrivals.due():
@@ -279,15 +277,4 @@ def tick() -> list[Group]:
         for group in groups:
             if group.key and group.last_enqueued >= 0:
                 meters.seq.set(group.last_enqueued, {"process_group": group.key})
-    _last_groups = groups
     return groups
-
-
-def last_groups() -> list[Group]:
-    return list(_last_groups)
-
-
-def after_fork_in_child() -> None:
-    global _arrivals, _last_groups
-    _arrivals = _Arrivals()
-    _last_groups = []
