@@ -9,7 +9,7 @@ bridge reads it from its own thread (``_compat.flight_recorder``), never from th
   {``process_group``}: a rank whose number stays behind the others' is the rank the others wait for;
 - every ``TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL`` seconds, the entries: each step's *arrival* -- the time from the
   start of the step (the end of the one before, ``steps``) to this rank's enqueueing of the step's last collective
-  -- becomes histogram ``torchelastic.worker.step.arrival`` (s). A dump of 2,000 entries takes 14-30 ms with the
+  -- becomes histogram ``torchelastic.worker.step.arrival`` (s). A dump of 2,000 entries takes 14-40 ms with the
   GIL held (``bench/bench_steps.py``), so by default the reads are 10 s apart at least, and further apart when a
   dump takes longer than 10 ms: at most 0.1 % of the training thread's time.
 
