@@ -173,8 +173,9 @@ def test_the_waiting_ranks_report_their_stall_within_the_threshold(outcome: Outc
         attrs = first["attributes"]
         assert first["severity_number"] == SEVERITY_WARN and first["severity_text"] == "WARN"
         since = int(attrs["torchelastic.stalled.since_unix_nano"])
-        # seen within the threshold (+ the watchdog's 1 s tick and the drain), long before any timeout
-        assert STALL <= (first["time_unix_nano"] - since) / 1e9 <= STALL + 2.5, attrs
+        # seen at the threshold (+ the watchdog's 1 s tick, the drainer's 0.5 s round, a loaded machine's delays),
+        # 100x sooner than the job's collective timeout
+        assert STALL <= (first["time_unix_nano"] - since) / 1e9 <= STALL + 4, attrs
         assert float(attrs["torchelastic.stalled.threshold_seconds"]) == STALL
         stack_text = attrs["torchelastic.stack"]
         main = stack_text.split("\nThread ", 1)[0]
