@@ -192,11 +192,80 @@ def events() -> dict[str, Any]:
     return out
 
 
+def run_main(mode: str) -> dict[str, Any]:
+    """The launcher's ``main`` called in-process, twice (as torch's ``test_run.py`` calls
+    ``torch.distributed.run.main``): torch's, or the bridge's standing in for it."""
+    if mode == "plain":
+        from torch.distributed.run import main as launcher_main
+    else:
+        from torchelastic_otel.run import main as launcher_main
+    out: dict[str, Any] = {"launches": []}
+    for run_id in ("first", "second"):
+        with tempfile.TemporaryDirectory() as directory:
+            before = dict(os.environ)
+            launcher_main(["--nnodes=1", "--nproc-per-node=2", f"--rdzv-id={run_id}", "--rdzv-backend=c10d",
+                           "--rdzv-endpoint=127.0.0.1:0", "--monitor-interval=0.05", "--start-method=spawn",
+                           "--no-python", sys.executable, "-c", SCRIPT, directory])  # fmt: skip
+            out["launches"].append({"views": script_views(directory), "environ_changed": _diff(before, dict(os.environ))})
+    return out
+
+
+def _hosting_agent_run(port: int, entrypoint: Any, args: tuple[Any, ...] = ()) -> Any:
+    """An agent whose c10d rendezvous store this process hosts on ``port``; run to the end. Returns weak
+    references to the agent and its rendezvous handler."""
+    import weakref
+
+    import torch.distributed.elastic.rendezvous.registry as registry
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{port}", run_id=uuid.uuid4().hex[:8],
+                                  min_nodes=1, max_nodes=1, is_host=True)  # fmt: skip
+    handler = registry.get_rendezvous_handler(params)
+    spec = WorkerSpec(role="default", local_world_size=1, entrypoint=entrypoint, args=args, rdzv_handler=handler,
+                      max_restarts=0, monitor_interval=0.05)  # fmt: skip
+    agent = LocalElasticAgent(spec, start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp()))
+    result = agent.run()
+    handler.shutdown()
+    assert not result.is_failed(), result
+    return weakref.ref(agent), weakref.ref(handler)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def lifetime() -> dict[str, Any]:
+    """Whether an agent, its rendezvous handler and the store it hosts are gone once its run is over and the
+    caller lets go of them -- by reference counting alone (the garbage collector off), as with plain torch."""
+    import gc
+
+    _hosting_agent_run(free_port(), worker_view)  # the first run imports what the others use
+    gc.collect()
+    gc.disable()
+    try:
+        out = {}
+        for name, entrypoint, args in (("function", worker_view, ()), ("script", sys.executable, ("-c", "0"))):
+            port = free_port()
+            agent, handler = _hosting_agent_run(port, entrypoint, args)
+            out[name] = {"agent_alive": agent() is not None, "handler_alive": handler() is not None,
+                         "store_port_open": _port_open(port)}  # fmt: skip
+        return out
+    finally:
+        gc.enable()
+
+
 SCENARIOS = {
     "sequential": sequential,
     "agents_spawn": lambda: agents("spawn"),
     "agents_fork": lambda: agents("fork"),
     "events": events,
+    "run_main": lambda: run_main(sys.argv[1]),
+    "lifetime": lifetime,
 }
 
 

@@ -167,3 +167,29 @@ def test_rendezvous_events_take_torchs_call_chain(tmp_path: Path) -> None:
     assert _without_numbers(bridged["stream"]) == _without_numbers(plain["stream"])  # pids and ports differ
     assert {module for module, _, _ in bridged["stream"]} == {"torch.distributed.elastic.events.api"}
     assert ["torch.distributed.elastic.events.api", "called directly", "RUNNING"] in bridged["stream"]
+
+
+def test_the_bridges_launcher_in_place_of_torchs_main(tmp_path: Path) -> None:
+    """``torchelastic_otel.run.main`` called in-process twice where code calls ``torch.distributed.run.main``:
+    the same workers run, and the launching process's environment changes as with torch's (the run id the agent's
+    resource needs is set for the launch only)."""
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    plain, bridged = _plain_and_bridged("run_main", endpoint, tmp_path)
+    for launched_plain, launched in zip(plain["launches"], bridged["launches"]):
+        assert sorted(launched["views"]) == sorted(launched_plain["views"]) == ["0", "1"]
+        assert launched["environ_changed"] == launched_plain["environ_changed"]
+        for view in launched["views"].values():
+            _assert_handed_down(view["env"])
+    assert bridged["environ_changed_overall"] == plain["environ_changed_overall"]
+
+
+def test_no_reference_to_torch_objects_past_their_run(tmp_path: Path) -> None:
+    """Once an agent's run is over and its caller lets go of it, the agent, its rendezvous handler and the TCP store
+    it hosted are freed by reference counting alone (garbage collector off), as with plain torch: the bridge keeps
+    none of them (a store kept alive only through a cycle would be destroyed whenever a collection runs, maybe in a
+    forked child)."""
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    plain, bridged = _plain_and_bridged("lifetime", endpoint, tmp_path)
+    gone = {"agent_alive": False, "handler_alive": False, "store_port_open": False}
+    assert plain["function"] == plain["script"] == gone, plain
+    assert bridged["function"] == bridged["script"] == gone, bridged

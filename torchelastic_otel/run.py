@@ -44,12 +44,21 @@ def main(argv: list[str] | None = None) -> None:
 
     args = torchrun.parse_args(argv)
     _settle_run_id(args)
+    # The agent's resource reads the run id from the environment when install() builds the pipeline; a launcher
+    # called in-process (in place of torch.distributed.run.main) then gets its environment back as it was.
+    previous = os.environ.get("TORCHELASTIC_RUN_ID")
     if args.rdzv_id and args.rdzv_id != "none":
         os.environ["TORCHELASTIC_RUN_ID"] = args.rdzv_id
     from torchelastic_otel._install import install
 
-    install()
-    _run(torchrun, args)
+    try:
+        install()
+        _run(torchrun, args)
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHELASTIC_RUN_ID", None)
+        else:
+            os.environ["TORCHELASTIC_RUN_ID"] = previous
 
 
 def _run(torchrun: Any, args: Any) -> None:
