@@ -193,3 +193,33 @@ def test_no_reference_to_torch_objects_past_their_run(tmp_path: Path) -> None:
     gone = {"agent_alive": False, "handler_alive": False, "store_port_open": False}
     assert plain["function"] == plain["script"] == gone, plain
     assert bridged["function"] == bridged["script"] == gone, bridged
+
+
+def test_the_workers_get_the_bootstrap_first_on_their_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``install()`` hands down is computed against the launching process's environment when workers start:
+    the bootstrap goes first on the workers' ``PYTHONPATH`` (also where it is already on it further down, as behind
+    OpenTelemetry's auto-instrumentation directory), and nothing is left once the bridge is uninstalled."""
+    from torchelastic_otel._install import _prepend_env_path, _set_env, worker_environ
+    from torchelastic_otel._torch.patches import Patches
+
+    patches = Patches()
+    _prepend_env_path(patches, "PYTHONPATH", BOOTSTRAP)
+    _set_env(patches, "TORCHELASTIC_OTEL_AUTO_INSTALL", "1")
+    try:
+        for current, expected in (
+            (None, [BOOTSTRAP]),
+            ("/a:/b", [BOOTSTRAP, "/a", "/b"]),
+            (f"/auto:{BOOTSTRAP}:/b", [BOOTSTRAP, "/auto", "/b"]),
+        ):
+            if current is None:
+                monkeypatch.delenv("PYTHONPATH", raising=False)
+            else:
+                monkeypatch.setenv("PYTHONPATH", current)
+            before = dict(os.environ)
+            env = worker_environ()
+            assert env["PYTHONPATH"].split(os.pathsep) == expected
+            assert env["TORCHELASTIC_OTEL_AUTO_INSTALL"] == "1"
+            assert dict(os.environ) == before
+    finally:
+        patches.restore()
+    assert worker_environ() == {}

@@ -57,13 +57,15 @@ def _set_env(patches: Any, var: str, value: str) -> None:
 
 
 def worker_environ() -> dict[str, str]:
-    """The variables to give the workers starting now, against this process's environment as it is now."""
+    """The variables to give the workers starting now, against this process's environment as it is now (a path
+    entry goes first, also where it is further down: e.g. behind OpenTelemetry's auto-instrumentation directory,
+    which ``opentelemetry-instrument`` puts back in front of ``PYTHONPATH``)."""
     out: dict[str, str] = {}
     for var, (value, prepend) in list(_for_workers.items()):
         if prepend:
             current = os.environ.get(var)
-            parts = current.split(os.pathsep) if current else []
-            out[var] = current if value in parts else os.pathsep.join([value, *parts])  # type: ignore[assignment]
+            parts = [part for part in (current.split(os.pathsep) if current else []) if part != value]
+            out[var] = os.pathsep.join([value, *parts])
         else:
             out[var] = value
     return out
