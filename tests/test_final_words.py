@@ -233,3 +233,31 @@ def test_records_the_agent_sent_say_so_and_keep_the_workers_trace(runner: Runner
                 for r in outcome.logs if r["attributes"].get("torchelastic.delivered_by") == "agent"]  # fmt: skip
         assert len(keys) == len(set(keys)), keys
     assert sent_by_agent, "no case needed the agent: the import case should (its rank 0 is stopped while starting)"
+
+
+def test_the_report_puts_a_record_the_agent_sent_on_its_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A terminated record kept by a worker (``final_words.write``) and sent by its agent (``final_words.deliver``,
+    through the real OTLP JSON file exporter, with the agent's resource) shows in the report on that worker: its
+    state and its stack, as if the worker had sent it. Synthetic job files (``tests/_report_files``) around it."""
+    from tests._report_files import Process, Shape, write_job
+    from torchelastic_otel._torch import final_words
+    from torchelastic_otel.events import _otel as event_adapter
+    from torchelastic_otel.events.api import Event, EventSource
+    from torchelastic_otel.report import model, otlpjson
+
+    files, kept = tmp_path / "files", tmp_path / "kept"
+    kept.mkdir()
+    facts = write_job(files, Shape(ranks=2, attempts=2, cause_rank=1))
+    monkeypatch.setenv(final_words.DIR_ENV, str(kept))
+    metadata = {"run_id": facts.run_id, "global_rank": 0, "local_rank": 0, "restart_count": 0, "state": "TERMINATED",
+                "signal": "SIGTERM", "stack": 'Thread 1 "MainThread" (most recent call last):\n  all_reduce\n'}  # fmt: skip
+    event = Event("torchelastic.worker.terminated", EventSource.WORKER, timestamp=0, metadata=metadata)
+    assert final_words.write(event_adapter.to_log_fields(event, facts.start + 3_000_000_000)) is not None
+    agent = Process(files, "agent-delivery", {"torchelastic.run_id": facts.run_id, "torchelastic.process.kind": "agent",
+                                              "host.name": "node0", "process.pid": 100})  # fmt: skip
+    assert final_words.deliver(str(kept), agent.logger) == 1
+    agent.close()
+    assert not list(kept.iterdir())  # sent once: the kept file is gone
+    (job,) = model.build(otlpjson.read([files]))
+    (worker,) = [w for a in job.attempts if a.restart == 0 for w in a.workers if w.rank == 0]
+    assert worker.state == "terminated" and "all_reduce" in worker.stack, worker

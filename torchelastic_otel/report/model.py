@@ -357,7 +357,7 @@ def _worker_records(
         else:
             run.spans.append(span)
     for rec in job.logs:
-        run = by_proc.get(rec.proc)
+        run = by_proc.get(rec.proc) or _delivered_by_agent(rec, runs)
         if run is None:
             _agent_status(rec, runs)
             continue
@@ -374,6 +374,19 @@ def _worker_records(
             run.output.append(rec)
     for run in runs.values():
         run.output = sorted(run.output, key=lambda r: r.time)[-_MAX_OUTPUT_LINES:]
+
+
+def _delivered_by_agent(rec: LogRecord, runs: dict[tuple[str, int, int | None], WorkerRun]) -> WorkerRun | None:
+    """A worker's final record its agent sent for it (the worker could not: ``torchelastic.delivered_by``): it
+    comes with the agent's resource, and names its worker by rank and restart in its attributes."""
+    if rec.attrs.get("torchelastic.delivered_by") != "agent":
+        return None
+    rank = as_int(rec.attrs.get("torchelastic.global_rank"))
+    if rank is None:
+        return None
+    restart = as_int(rec.attrs.get("torchelastic.restart_count")) or 0
+    key = next((k for k in runs if k[1:] == (restart, rank)), (rec.proc.host, restart, rank))
+    return runs.setdefault(key, WorkerRun(rank, restart, rec.proc.host, as_int(rec.attrs.get("torchelastic.local_rank"))))
 
 
 def _agent_status(rec: LogRecord, runs: dict[tuple[str, int, int | None], WorkerRun]) -> None:
