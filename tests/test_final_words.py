@@ -261,3 +261,19 @@ def test_the_report_puts_a_record_the_agent_sent_on_its_worker(tmp_path: Path, m
     (job,) = model.build(otlpjson.read([files]))
     (worker,) = [w for a in job.attempts if a.restart == 0 for w in a.workers if w.rank == 0]
     assert worker.state == "terminated" and "all_reduce" in worker.stack, worker
+
+
+def test_a_worker_that_exits_at_once_is_in_the_trace_without_waiting_for_its_pipeline() -> None:
+    """A worker that prints a line and exits before its pipeline is built does not wait for the build (it would
+    pay it at every exit); its ``torchelastic.worker.start`` span still arrives, from the worker or sent by its
+    agent, under the agent's attempt span, with the worker's rank."""
+    with OtlpReceiver() as rx:
+        cmd = [sys.executable, "-m", "torchelastic_otel.run", "--standalone", "--nproc-per-node", "2",
+               "--monitor-interval", "0.1", "--no-python", sys.executable, "-c", "print('hi', flush=True)"]  # fmt: skip
+        done = subprocess.run(cmd, env=job_env(rx), cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert rx.wait_for(lambda r: len(r.spans("torchelastic.worker.start")) >= 2, timeout=TELEMETRY_WAIT)
+        spans = rx.spans("torchelastic.worker.start")
+        attempts = {s["span_id"] for s in rx.spans("torchelastic.attempt")}
+        assert sorted(s["attributes"]["torchelastic.global_rank"] for s in spans) == ["0", "1"], spans
+        assert all(s["parent_span_id"] in attempts for s in spans), (spans, attempts)

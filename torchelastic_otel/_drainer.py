@@ -205,6 +205,11 @@ def drain_all(deadline: float | None = None, signal: str | None = None) -> bool:
         lock.release()
 
 
+def pending() -> bool:
+    """Whether any buffer holds something to move into the SDK (or turned something away: to be counted)."""
+    return any(len(getattr(b, "_pending", ())) or getattr(b, "_overflow", 0) for b in list(_buffers))
+
+
 def discard_all(reason: str) -> int:
     """Count what is still buffered as dropped (``reason``) and forget it: the process is about to end."""
     dropped = 0

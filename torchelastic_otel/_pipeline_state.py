@@ -13,6 +13,7 @@ Its life (:class:`Phase`), every transition written here and nowhere else::
 
     UNSET    --get_pipeline(): first use, built in the caller's thread-------------------> READY
     UNSET    --start_building(): a worker's install(); built by a daemon thread---------> BUILDING --built--> READY
+    BUILDING --abandon_build(): exit before it is built, with nothing to send--------------> UNSET
     any      --setup(providers)-------------------------------------------------------------> READY
     READY    --fork, in the child, if the bridge built any provider-----------------------> FORKED
     FORKED   --first use in the child: fresh providers, exporters and resource------------> READY
@@ -55,6 +56,7 @@ __all__ = [
     "ready",
     "building",
     "start_building",
+    "abandon_build",
     "when_ready",
     "add_listener",
     "setup",
@@ -371,6 +373,19 @@ def _build_in_background() -> None:
 def wait_built(timeout_seconds: float) -> bool:
     """Wait (bounded) for a build in progress; ``True`` unless one is still BUILDING. Not for the final words."""
     return state.built.wait(max(0.0, timeout_seconds))
+
+
+def abandon_build() -> bool:
+    """BUILDING -> UNSET at exit, when nothing waits for the pipeline: the build goes on in its daemon thread, but
+    nobody waits for it and its result is not used. ``True`` if a build was abandoned."""
+    with state.lock:
+        if state.phase is not Phase.BUILDING:
+            return False
+        state.builder = None
+        state.on_ready.clear()
+        state.enter(Phase.UNSET, None)
+    _notify(Phase.UNSET)
+    return True
 
 
 # ---- READY -> FORKED -> READY: a forked child --------------------------------------------------------------------

@@ -165,8 +165,35 @@ def at_exit() -> None:
     _drainer.discard_all("exit_timeout")  # what could not be drained in time is lost: counted
 
 
+#: Called when a process exits before its pipeline was built and with nothing recorded; each returns whether it
+#: sent what it had another way (a worker hands its ``torchelastic.worker.start`` span to its agent).
+_unbuilt_exit_hooks: list[Callable[[], bool]] = []
+
+
+def add_unbuilt_exit_hook(hook: Callable[[], bool]) -> None:
+    if hook not in _unbuilt_exit_hooks:
+        _unbuilt_exit_hooks.append(hook)
+
+
+def remove_unbuilt_exit_hook(hook: Callable[[], bool]) -> None:
+    if hook in _unbuilt_exit_hooks:
+        _unbuilt_exit_hooks.remove(hook)
+
+
 def _wait_for_build() -> None:
-    """Among ``threading``'s exit hooks: a build in progress finishes while threads can still be started."""
+    """Among ``threading``'s exit hooks: a build in progress finishes while threads can still be started -- unless
+    nothing was recorded and what the build would send went another way: then the process does not wait for it (a
+    short-lived worker would pay the build, some 0.1-0.5 s, at every exit)."""
+    if pipeline.building() and not _drainer.pending() and _unbuilt_exit_hooks:
+        handed = True
+        for hook in list(_unbuilt_exit_hooks):
+            try:
+                handed = hook() is True and handed
+            except Exception:
+                handed = False
+                _logger.debug("exit hook failed", exc_info=True)
+        if handed and not _drainer.pending() and pipeline.abandon_build():
+            return
     pipeline.wait_built(EXIT_TIMEOUT_MILLIS / 1000)
 
 

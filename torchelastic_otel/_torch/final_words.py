@@ -20,7 +20,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-__all__ = ["write", "delivered", "deliver", "DIR_ENV"]
+__all__ = ["write", "write_span", "delivered", "deliver", "DIR_ENV"]
 
 _logger = logging.getLogger("torchelastic_otel")
 
@@ -56,6 +56,12 @@ def write(fields: dict[str, Any], ctx: Any = None) -> str | None:
         return None
 
 
+def write_span(name: str, start_ns: int | None, end_ns: int, attributes: dict[str, Any], ctx: Any = None) -> str | None:
+    """Keep a span of the worker's (its ``torchelastic.worker.start``, when it exits before its pipeline was
+    built) for the agent to send; the file's path, or ``None``."""
+    return write({"span": name, "start": start_ns or end_ns, "end": end_ns, "attributes": dict(attributes)}, ctx)
+
+
 def _plain(value: Any) -> Any:
     """What JSON holds: a severity enum as its number."""
     number = getattr(value, "value", None)
@@ -74,9 +80,9 @@ def delivered(path: str | None) -> None:
 # ---- agent side -----------------------------------------------------------------------------------------------
 
 
-def deliver(directory: str | None, logger: Any) -> int:
-    """Send the final words the workers of ``directory`` left behind through ``logger`` (the agent's) and remove
-    them; how many were sent. Never raises (a damaged file is removed and counted)."""
+def deliver(directory: str | None, logger: Any, tracer: Any = None) -> int:
+    """Send the final words the workers of ``directory`` left behind through ``logger`` and ``tracer`` (the
+    agent's) and remove them; how many were sent. Never raises (a damaged file is removed and counted)."""
     if not directory:
         return 0
     try:
@@ -87,7 +93,7 @@ def deliver(directory: str | None, logger: Any) -> int:
     for name in names:
         path = os.path.join(directory, name)
         try:
-            sent += _send(path, logger)
+            sent += _send(path, logger, tracer)
         except Exception:
             from torchelastic_otel import _selftelemetry
 
@@ -98,15 +104,22 @@ def deliver(directory: str | None, logger: Any) -> int:
     return sent
 
 
-def _send(path: str, logger: Any) -> int:
+def _send(path: str, logger: Any, tracer: Any) -> int:
     with open(path, encoding="utf-8", errors="replace") as fh:
         data = json.loads(fh.read(MAX_BYTES))
     if not isinstance(data, dict) or not isinstance(data.get("attributes"), dict):
         raise ValueError("not a record")
-    from opentelemetry._logs import SeverityNumber
-
     attributes = dict(data["attributes"])
     attributes["torchelastic.delivered_by"] = "agent"
+    if "span" in data:
+        if tracer is None:
+            return 0
+        span = tracer.start_span(str(data["span"]), context=_context(data), start_time=_int(data.get("start")),
+                                 attributes=attributes)  # fmt: skip
+        span.end(end_time=_int(data.get("end")))
+        return 1
+    from opentelemetry._logs import SeverityNumber
+
     logger.emit(
         timestamp=_int(data.get("timestamp")),
         observed_timestamp=_int(data.get("observed_timestamp")),

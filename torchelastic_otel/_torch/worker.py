@@ -78,7 +78,13 @@ def _join_agent_trace(patches: Patches) -> None:
             end_time=end_ns
         )
 
+    def hand_to_agent() -> bool:
+        """An exit before the pipeline was built: the agent sends the span (``final_words``), if there is one."""
+        return final_words.write_span("torchelastic.worker.start", start_ns, end_ns, attributes, ctx) is not None
+
     pipeline.when_ready(start_span)  # a worker's pipeline is built beside its start-up (``pipeline``)
+    _runtime.add_unbuilt_exit_hook(hand_to_agent)
+    patches.on_restore(lambda: _runtime.remove_unbuilt_exit_hook(hand_to_agent))
     token = otel_context.attach(ctx)
     _attempt[0] = ctx
 

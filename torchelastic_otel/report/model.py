@@ -346,14 +346,17 @@ def _worker_records(
 ) -> None:
     """What each worker process recorded itself: its spans, exception, SIGTERM stack, output lines, time span."""
     for span in job.spans:
-        run = by_proc.get(span.proc)
+        run = by_proc.get(span.proc) or _delivered_by_agent(span, runs)
         if run is None:
             continue
         _seen(run, span.start, span.end)
         if span.name == "torchelastic.worker.start":
             run.start = span.start if not run.start else min(run.start, span.start)
             run.parent_span = span.parent_id
-            run.proc, run.pid = span.proc, span.proc.pid  # the worker's own process
+            if span.proc.kind == "worker":
+                run.proc, run.pid = span.proc, span.proc.pid  # the worker's own process
+            else:  # sent by its agent
+                run.pid = run.pid or as_int(span.attrs.get("torchelastic.worker_pid"))
         else:
             run.spans.append(span)
     for rec in job.logs:
@@ -376,9 +379,11 @@ def _worker_records(
         run.output = sorted(run.output, key=lambda r: r.time)[-_MAX_OUTPUT_LINES:]
 
 
-def _delivered_by_agent(rec: LogRecord, runs: dict[tuple[str, int, int | None], WorkerRun]) -> WorkerRun | None:
-    """A worker's final record its agent sent for it (the worker could not: ``torchelastic.delivered_by``): it
-    comes with the agent's resource, and names its worker by rank and restart in its attributes."""
+def _delivered_by_agent(
+    rec: LogRecord | Span, runs: dict[tuple[str, int, int | None], WorkerRun]
+) -> WorkerRun | None:
+    """A worker's final record (or start span) its agent sent for it (``torchelastic.delivered_by``): it comes with
+    the agent's resource, and names its worker by rank and restart in its attributes."""
     if rec.attrs.get("torchelastic.delivered_by") != "agent":
         return None
     rank = as_int(rec.attrs.get("torchelastic.global_rank"))
