@@ -14,9 +14,10 @@ a test: it always exits 0 and prints PASS/FAIL per target.
    of it cost the thread that makes them (status only, every second; 2,000 entries, every 10 s) while holding the
    GIL.
 3. **job** (~1.5 min a round): ``bench/_steps_worker.py`` (2-rank DDP on CPU, ~50 ms of compute a step), the
-   wall time and the CPU time (both ranks' processes, every thread) of its training loop under plain ``torchrun`` (the Flight Recorder off, and at torch's default), and under
-   ``torchelastic-otel run`` exporting OTLP/gRPC to an in-process receiver (the training telemetry off with
-   ``TORCHELASTIC_OTEL_STEPS=0``, and on), in turns; medians. Targets: bridged vs plain <= 1.01x; the training
+   wall time and the CPU time (both ranks' processes, every thread) of its training loop under plain
+   ``torchrun`` (the Flight Recorder off, and at torch's default), and under ``torchelastic-otel run`` exporting
+   OTLP/gRPC to an in-process receiver (the training telemetry off with ``TORCHELASTIC_OTEL_STEPS=0``, and on), in
+   turns; medians. Targets: bridged vs plain <= 1.01x; the training
    telemetry on vs off <= 1.01x (its own cost); the Flight Recorder on vs off <= 1.01x (the decision to keep it
    on in workers). On a shared machine other processes' load swings the wall times by tens of percent from run
    to run: the CPU time, which counts only the job's own processes, is the steadier measure of what they cost.
@@ -143,7 +144,8 @@ if os.environ.get("TORCH_FR_BUFFER_SIZE") != "0":
     for name, full in (("status_us", False), ("entries_us", True)):
         runs = []
         for _ in range(20):
-            started = time.perf_counter(); data = _compat.flight_recorder(full); runs.append(time.perf_counter() - started)
+            started = time.perf_counter(); data = _compat.flight_recorder(full)
+            runs.append(time.perf_counter() - started)
         out[name] = sorted(runs)[len(runs) // 2] * 1e6
         if full: out["entries"] = len(data["entries"])
 sys.stdout.write(json.dumps(out) + "\n"); sys.stdout.flush()

@@ -115,6 +115,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 
 def marker_line(worker: Path, marker: str) -> int:
-    lines = [n for n, line in enumerate(worker.read_text().splitlines(), 1) if line.rstrip().endswith(f"# BLOCKS: {marker}")]
+    text = worker.read_text().splitlines()
+    lines = [n for n, line in enumerate(text, 1) if line.rstrip().endswith(f"# BLOCKS: {marker}")]
     assert len(lines) == 1, (marker, lines)
     return lines[0]

@@ -47,7 +47,8 @@ pytest.importorskip("opentelemetry.exporter.otlp.json.file")
 WORKER = Path(__file__).with_name("_missing_rank_worker.py")
 STALL = 3.0  # TORCHELASTIC_OTEL_STALL_SECONDS in the job
 MISSING, WAITING = 1, (0, 2, 3)
-STALLED, TERMINATED, EXCEPTION = "torchelastic.worker.stalled", "torchelastic.worker.terminated", "torchelastic.worker.exception"
+STALLED, TERMINATED = "torchelastic.worker.stalled", "torchelastic.worker.terminated"
+EXCEPTION = "torchelastic.worker.exception"
 START_TIMEOUT = 120.0  # seconds for the 4 ranks to start and reach the hang (under load)
 QUERY_TIMEOUT = 120.0  # seconds for the live query (it wants a minute without a move)
 GROUP = "torchelastic.collectives.default_pg."
@@ -73,6 +74,14 @@ class Outcome:
     def records(self, name: str, rank: int | None = None) -> list[dict[str, Any]]:
         return [r for r in self.logs if r["event_name"] == name and is_worker(r)
                 and (rank is None or int(r["resource"]["torchelastic.rank"]) == rank)]  # fmt: skip
+
+    def stall_digest(self, rank: int) -> list[tuple[Any, ...]]:
+        """For failure messages: each stalled record of ``rank`` as (time, steps, count, since, seconds, last
+        enqueued, last completed, pending, code line)."""
+        return [(r["time_unix_nano"], *(r["attributes"].get(k) for k in (
+            "torchelastic.stalled.steps", "torchelastic.stalled.count", "torchelastic.stalled.since_unix_nano",
+            "torchelastic.stalled.seconds", GROUP + "last_enqueued", GROUP + "last_completed", GROUP + "pending",
+            "code.line.number"))) for r in sorted(self.records(STALLED, rank), key=lambda r: r["time_unix_nano"])]
 
     def hang_stalls(self, rank: int) -> list[dict[str, Any]]:
         """Rank's stalled records of the hang (after its 5 steps; not those of a slow start-up)."""
@@ -189,25 +198,27 @@ def test_the_waiting_ranks_report_their_stall_within_the_threshold(outcome: Outc
 
 def test_the_missing_rank_reports_its_stall_one_collective_behind(outcome: Outcome) -> None:
     records = outcome.hang_stalls(MISSING)
-    assert records, outcome.records(STALLED, MISSING)
+    digest = {rank: outcome.stall_digest(rank) for rank in (MISSING, *WAITING)}
+    assert records, digest
     attrs = records[0]["attributes"]
-    assert int(attrs["code.line.number"]) == training_jobs.marker_line(WORKER, "sleep")
+    assert int(attrs["code.line.number"]) == training_jobs.marker_line(WORKER, "sleep"), digest
     assert "time.sleep" in attrs["torchelastic.stack"].split("\nThread ", 1)[0]
     waiting = outcome.hang_stalls(WAITING[0])[0]["attributes"]
-    assert int(attrs[GROUP + "last_enqueued"]) == int(waiting[GROUP + "last_enqueued"]) - 1
-    assert GROUP + "pending" not in attrs
+    assert int(attrs[GROUP + "last_enqueued"]) == int(waiting[GROUP + "last_enqueued"]) - 1, digest
+    assert GROUP + "pending" not in attrs, digest
 
 
 def test_the_stall_repeats_with_back_off(outcome: Outcome) -> None:
-    """Over a minute of hang: records at 1x, 2x, 4x, 8x the threshold (3, 6, 12, 24, 48 s), counted; each as soon
-    as the watchdog's next look (every second) sees it due."""
+    """Over a minute of hang: records at 1x, 2x, 4x, 8x the threshold (3, 6, 12, 24, 48 s), counted: each once it is
+    due, never before, and one per period (the watchdog looks every second; a loaded machine may delay a look)."""
     for rank in WAITING:
         records = sorted(outcome.hang_stalls(rank), key=lambda r: int(r["attributes"]["torchelastic.stalled.count"]))
         counts = [int(r["attributes"]["torchelastic.stalled.count"]) for r in records]
-        assert counts[:4] == [1, 2, 3, 4], counts
+        assert counts[:4] == [1, 2, 3, 4], outcome.stall_digest(rank)
         for count, record in zip(counts, records):
             due = STALL * 2 ** (count - 1)
-            assert due <= float(record["attributes"]["torchelastic.stalled.seconds"]) < due + 3, (count, record)
+            seconds = float(record["attributes"]["torchelastic.stalled.seconds"])
+            assert due <= seconds < 2 * due, (count, outcome.stall_digest(rank))
 
 
 def test_the_final_records_carry_the_summary(outcome: Outcome) -> None:
@@ -256,7 +267,8 @@ def test_report_json_names_the_missing_rank_and_the_stalls(reported: tuple[dict[
     line = training_jobs.marker_line(WORKER, "all_reduce")
     for rank in WAITING:
         ours = [s for s in run["stalls"] if s["rank"] == rank and s["code"] == f"{WORKER}:{line} in main"]
-        assert ours and ours[0]["stack_top"].endswith(" in all_reduce") and ours[0]["records"] >= 4, run["stalls"]
+        assert len(ours) == 1, run["stalls"]
+        assert ours[0]["stack_top"].endswith(" in all_reduce") and ours[0]["records"] >= 4, run["stalls"]
     assert any(s["rank"] == MISSING and s["code"] == f"{WORKER}:{training_jobs.marker_line(WORKER, 'sleep')} in main"
                for s in run["stalls"]), run["stalls"]  # fmt: skip
     assert run["stragglers"] == []

@@ -78,7 +78,9 @@ class Outcome:
         return {int(m[1]): float(m[3]) for m in STEP_LINE.finditer(self.output(procs))}
 
 
-def _agents(tmp: Path, name: str, env_of: Any, launcher: list[str], go: Path, run_id: str) -> tuple[list[stack.Proc], Any]:
+def _agents(
+    tmp: Path, name: str, env_of: Any, launcher: list[str], go: Path, run_id: str
+) -> tuple[list[stack.Proc], Any]:
     """Two agents of one job ("nodes" 0 and 1), on a rendezvous store hosted here (as a dedicated store host would
     be: the agents' exits cannot take it away from each other)."""
     port = free_port()
@@ -131,8 +133,9 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
         procs, store = _agents(tmp, "bridged", lambda node: training_jobs.bridged_env(rx, files, bases[node]),
                                launcher, go, run_id)  # fmt: skip
         bridged, stores = procs, [store]
-        procs, store = _agents(tmp, "plain", lambda node: training_jobs.plain_env(),
-                               [sys.executable, "-m", "torch.distributed.run"], plain_go, unique_id("plain"))  # fmt: skip
+        plain_launcher = [sys.executable, "-m", "torch.distributed.run"]
+        procs, store = _agents(tmp, "plain", lambda node: training_jobs.plain_env(), plain_launcher, plain_go,
+                               unique_id("plain"))  # fmt: skip
         plain, stores = procs, [*stores, store]
 
         def describe() -> str:
@@ -229,7 +232,8 @@ def test_the_workers_exported_step_time_and_arrival(outcome: Outcome) -> None:
     arrival = {rank: p["sum"] / p["count"] for rank, p in arrivals.items()}
     others = [v for rank, v in arrival.items() if rank != SLOW_RANK]
     assert arrival[SLOW_RANK] - max(others) > EXTRA * 0.7, arrival  # later by its extra forward time
-    steps = {int(p["resource"]["torchelastic.rank"]) for p in outcome.points if p["name"] == "torchelastic.worker.steps"}
+    steps = {int(p["resource"]["torchelastic.rank"]) for p in outcome.points
+             if p["name"] == "torchelastic.worker.steps"}  # fmt: skip
     assert steps == {0, 1, 2, 3}
     assert not [r for r in outcome.logs if r["event_name"] == "torchelastic.worker.stalled"]  # 120 s default
 
@@ -287,7 +291,8 @@ def test_the_html_report_in_a_real_browser(outcome: Outcome, reported: Any, tmp_
     assert page["rendered"] == "true"
     assert sorted(r["rank"] for r in page["rows"]) == ["0", "1", "2", "3"]
     assert [r["rank"] for r in page["rows"] if r["straggler"]] == [str(SLOW_RANK)]
-    assert sorted(page["lines"]) == ["0", "1", "2", "3"] and page["title"] == "torchelastic.worker.step.arrival per rank"
+    assert sorted(page["lines"]) == ["0", "1", "2", "3"]
+    assert page["title"] == "torchelastic.worker.step.arrival per rank"
     assert page["metricCharts"] > 0  # the metric charts are still drawn in their own place
 
 
@@ -301,7 +306,8 @@ def test_the_training_dashboard_and_rules_are_wired_into_the_stack() -> None:
     board = json.loads(training_jobs.TRAINING_DASHBOARD.read_text())
     assert board["uid"] == "torchelastic-training" and board["uid"] != json.loads(stack.DASHBOARD.read_text())["uid"]
     assert training_jobs.TRAINING_DASHBOARD.parent == stack.DASHBOARD.parent
-    sources = {(t.get("datasource") or {}).get("uid") for t in stack.dashboard_targets(training_jobs.TRAINING_DASHBOARD)}
+    targets = stack.dashboard_targets(training_jobs.TRAINING_DASHBOARD)
+    sources = {(t.get("datasource") or {}).get("uid") for t in targets}
     assert sources == {"prometheus", "loki"}  # provisioned (grafana/provisioning/datasources)
     config = training_jobs.yaml.safe_load(stack.PROMETHEUS_YML.read_text())
     assert f"alerts/{training_jobs.TRAINING_RULES.name}" in config["rule_files"]

@@ -178,7 +178,7 @@ def _arrival_series(job: Job, max_points: int = 150) -> list[Series]:
             if previous is None:
                 line.append((point.time, point.value))
             elif (point.count or 0) > (previous.count or 0):
-                added = point.value * (point.count or 0) - previous.value * (previous.count or 0)  # type: ignore[operator]
+                added = point.value * (point.count or 0) - (previous.value or 0.0) * (previous.count or 0)
                 line.append((point.time, added / ((point.count or 0) - (previous.count or 0))))
             previous = point
         if len(line) >= 2:
