@@ -1,7 +1,7 @@
 """A torchrun worker's training telemetry, set up by ``worker.install()``: steps, stragglers, stalls, missing ranks.
 
 - ``steps``: torch's global optimizer step post hook marks each step, once the script imports torch's optimizers
-  (``imports.when_imported``: installing imports no torch);
+  (``imports.when_imported``: installing imports no torch; the watchdog's look registers it too, if it is not);
 - ``collectives``: torch's Flight Recorder stays on (``TORCH_FR_BUFFER_SIZE`` defaults to 2,000 entries here, torch
   2.13's own default for gloo; a value you set wins, ``0`` turns it off): it costs ~1 µs a collective (measured on
   gloo, ``bench/bench_steps.py``), the bridge reads it from its own thread;
@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from torchelastic_otel._torch.patches import Patches
@@ -38,31 +40,53 @@ def install(patches: Patches) -> None:
     if not enabled():
         return
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
-    _hook_optimizers(patches)
+    hooked = _hook_optimizers(patches)
     from torchelastic_otel import _drainer
     from torchelastic_otel._torch import stalls
 
     watchdog = stalls.Watchdog()
-    patches.on_restore(_drainer.add_periodic(watchdog.tick, TICK_SECONDS))
+
+    def tick() -> None:
+        hooked()
+        watchdog.tick()
+
+    patches.on_restore(_drainer.add_periodic(tick, TICK_SECONDS))
     _summary_on_final_records(patches)
 
 
-def _hook_optimizers(patches: Patches) -> None:
-    from torchelastic_otel._torch import imports, steps
+def _hook_optimizers(patches: Patches) -> Callable[[], None]:
+    """Register the step hook once torch's optimizers are imported (a post-import hook, ``imports``); where the
+    bridge has none, at the watchdog's first look after the import. Returns that look."""
+    from torchelastic_otel._torch import steps
 
     handles: list[Any] = []
 
     def hook(module: Any) -> None:
-        handles.append(module.register_optimizer_step_post_hook(steps.optimizer_hook))
+        if not handles:
+            handles.append(module.register_optimizer_step_post_hook(steps.optimizer_hook))
 
-    imports.when_imported(_OPTIMIZER_MODULE, hook)
+    def look() -> None:
+        module = sys.modules.get(_OPTIMIZER_MODULE)
+        if not handles and module is not None:
+            hook(module)
+
+    try:
+        from torchelastic_otel._torch import imports
+    except ImportError:
+        imports = None  # type: ignore[assignment]
+    if imports is not None:
+        imports.when_imported(_OPTIMIZER_MODULE, hook)
+    else:
+        look()
 
     def undo() -> None:
-        imports.cancel(_OPTIMIZER_MODULE, hook)
+        if imports is not None:
+            imports.cancel(_OPTIMIZER_MODULE, hook)
         while handles:
             handles.pop().remove()
 
     patches.on_restore(undo)
+    return look
 
 
 def _summary_on_final_records(patches: Patches) -> None:
