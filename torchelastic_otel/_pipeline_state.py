@@ -343,12 +343,14 @@ def _pulls_metrics() -> bool:
 def start_building() -> bool:
     """Build the pipeline now, in a daemon thread (a worker's ``install()``): ``True`` if it started.
 
-    Not with a Prometheus exporter (its endpoint must be serving once ``install()`` returns: built at once).
+    Not with a Prometheus exporter (its endpoint must be serving once ``install()`` returns), nor where no thread
+    can start while the interpreter exits (CPython 3.12.0-3.12.1, ``_compat.threads_start_at_exit``: a worker
+    exiting mid-build could not start its exporters): built at once, in the caller's thread, there.
     """
     with state.lock:
         if state.phase is not Phase.UNSET or sdk_disabled():
             return False
-        if _pulls_metrics():
+        if _pulls_metrics() or not _compat.threads_start_at_exit():
             _ready(_build())
             return False
         for signal in _SIGNALS:
