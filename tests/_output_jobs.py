@@ -25,7 +25,7 @@ from typing import Any
 
 from tests._procs import Job, stop_tree
 from tests.otlp_receiver import OtlpReceiver
-from tests.test_torchrun import ROOT, TORCHRUN, c10d_args, job_env, unique_id
+from tests.test_torchrun import OTEL_INSTRUMENT, ROOT, TORCHRUN, c10d_args, job_env, unique_id
 from tests.test_worker_sigterm import _plain_env
 
 WORKER = Path(__file__).with_name("_output_worker.py")
@@ -68,7 +68,8 @@ class Finished:
 
 def run(kind: str, tmp: Path, mode: list[str], layout: list[str] | None = None, rx: OtlpReceiver | None = None,
         nproc: int = 2, env_extra: dict[str, str] | None = None, terminal: bool = False) -> Finished:  # fmt: skip
-    """Run ``_output_worker.py`` once, ``kind`` "plain" (torchrun, no bridge) or "bridged" (exporting to ``rx``)."""
+    """Run ``_output_worker.py`` once, ``kind`` "plain" (torchrun, no bridge), "bridged" (``torchelastic_otel.run``
+    exporting to ``rx``) or "instrument" (``opentelemetry-instrument torchrun``, exporting to ``rx``)."""
     name = f"{kind}-{len(list(tmp.glob(f'{kind}-*')))}"
     base = tmp / name
     probe_dir = base / "probes"
@@ -81,6 +82,10 @@ def run(kind: str, tmp: Path, mode: list[str], layout: list[str] | None = None, 
     args += [str(WORKER), *mode, "--probe-dir", str(probe_dir)]
     if kind == "plain":
         cmd, env = [str(TORCHRUN), *args], _plain_env()
+    elif kind == "instrument":
+        assert rx is not None
+        cmd = [str(OTEL_INSTRUMENT), str(TORCHRUN), *args]
+        env = job_env(rx, OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp", OTEL_LOGS_EXPORTER="otlp")
     else:
         assert rx is not None
         cmd, env = [sys.executable, "-m", "torchelastic_otel.run", *args], job_env(rx)

@@ -61,7 +61,7 @@ class Runs:
     def get(self, name: str, kind: str, mode: list[str], **options: Any) -> tuple[jobs.Finished, OtlpReceiver]:
         if name not in self.done:
             rx = None
-            if kind == "bridged":
+            if kind != "plain":
                 rx = OtlpReceiver().start()
                 self.receivers.append(rx)
             self.done[name] = (jobs.run(kind, self.tmp, mode, rx=rx, **options), rx)
@@ -209,6 +209,33 @@ def test_logging_records_carry_the_trace_and_span_of_where_they_were_logged(runs
     unconfigured = [r for r in rx.logs() if r["scope"] == "output_worker.unconfigured"]
     assert sorted(r["resource"]["torchelastic.rank"] for r in unconfigured) == [0, 1]
     assert all(r["severity_text"] == "WARN" and r["trace_id"] == run_attempt["trace_id"] for r in unconfigured)
+
+
+def test_the_opentelemetry_instrument_route_captures_output_and_logging(runs: Runs) -> None:
+    """``opentelemetry-instrument torchrun``: the workers run the bridge's ``sitecustomize`` before OpenTelemetry's
+    (``instrumentation.keep_bootstrap_first``; contrib 0.63b0 and later would put its own in front), so the output
+    is captured before OpenTelemetry's exporter threads start, and the instrumentor installs the bridge with the
+    distro's providers: both ranks' lines and logging records arrive, with the rank's resource and the attempt's
+    trace; the console and exit code are plain torchrun's."""
+    plain = runs.plain("console")
+    expected = _expected_lines(plain)
+    job, rx = runs.get("instrument-console", "instrument", JOB)
+    assert job.returncode == plain.returncode == 1, job.console[-3000:]
+    assert job.probes[0]["captured"] and job.probes[1]["captured"], job.console[-3000:]
+    wait(rx, "every worker line and rank 1's traceback", _all_arrived(expected), job)
+    wait(rx, "the logging records", lambda r: len([x for x in r.logs() if x["scope"] == "output_worker.trainer"]) >= 3,
+         job)  # fmt: skip
+    wait(rx, "the attempt span", lambda r: bool(r.spans("torchelastic.attempt")), job)
+    run_attempt = attempt(rx)
+    for (rank, stream), lines in expected.items():
+        got = [b for b in bodies(output_records(rx, rank), stream) if jobs.WORKER_LINE.fullmatch(b)]
+        assert got == lines, (rank, stream)
+    for record in output_records(rx):
+        assert record["resource"]["process.parent_pid"] == job.probes[record["resource"]["torchelastic.rank"]]["pid"]
+        assert (record["trace_id"], record["span_id"]) == (run_attempt["trace_id"], run_attempt["span_id"])
+    trainer = sorted(r["body"] for r in rx.logs() if r["scope"] == "output_worker.trainer")
+    assert trainer == ["rank 1: loss is nan", "rank 1: skipping a batch", "rank 1: step 7 done"]
+    assert jobs.worker_lines(job.console) == jobs.worker_lines(plain.console)
 
 
 # ---- as with plain torchrun ----------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ import sys
 import threading
 from typing import Any
 
-from torchelastic_otel import _deferred, pipeline
+from torchelastic_otel import _runtime, pipeline  # noqa: F401 - _runtime: the process hooks follow the pipeline
+from torchelastic_otel._torch.worker_env import is_torchrun_worker
 
 __all__ = ["install", "uninstall", "is_installed", "BOOTSTRAP_DIR", "AUTO_INSTALL_ENV"]
 
@@ -76,6 +77,127 @@ def _agent_loaded() -> bool:
     return all(name in sys.modules for name in _AGENT_MODULES)
 
 
+# ---- torch's events and metrics modules: imported now (agent, launcher) or bridged once imported (worker) --------
+
+_TORCH_METRICS = "torch.distributed.elastic.metrics"
+_TORCH_EVENTS = "torch.distributed.elastic.events"
+
+
+def _torch_available(import_now: bool) -> bool:
+    """Whether torch's elastic modules can be bridged here. An agent or launcher imports them now (it imports torch
+    anyway); a worker only looks for torch (no import: its script may never import torch)."""
+    if not import_now:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec("torch") is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            _logger.info("torchelastic_otel: torch not available; nothing to install")
+        return found
+    try:
+        import torch.distributed.elastic.events  # noqa: F401
+        import torch.distributed.elastic.metrics  # noqa: F401
+    except Exception as exc:
+        _logger.info("torchelastic_otel: torch.distributed.elastic not available (%s); nothing to install", exc)
+        return False
+    return True
+
+
+class _TorchBridge:
+    """torch's metric streams and event destinations bridged, every change recorded in ``patches``.
+
+    :meth:`now` bridges both modules at once; :meth:`when_imported` once the process imports each (at once if it
+    has: ``_torch.imports``), so a worker whose script never imports torch never waits for it. A module bridged
+    after ``install()`` returned is undone by ``uninstall()`` as well; one that fails is left as torch made it
+    (logged and counted), never raised into the script's import.
+    """
+
+    def __init__(self, patches: Any, *, import_rendezvous: bool) -> None:
+        self.patches = patches
+        self.import_rendezvous = import_rendezvous
+        self.active = True
+        self._metric_handler: Any = None
+
+    def metric_handler(self) -> Any:
+        if self._metric_handler is None:
+            from torchelastic_otel.metrics._otel import OtelMetricHandler
+
+            self._metric_handler = OtelMetricHandler()
+        return self._metric_handler
+
+    def bridge(self, patches: Any, name: str) -> None:
+        if name == _TORCH_METRICS:
+            from torchelastic_otel._torch import metrics_bridge
+
+            metrics_bridge.install(patches, self.metric_handler())
+        else:
+            from torchelastic_otel._torch import events_bridge
+            from torchelastic_otel.events._otel import OtelLoggingHandler
+
+            events_bridge.install(patches, OtelLoggingHandler(), import_rendezvous=self.import_rendezvous)
+
+    def now(self) -> None:
+        for name in (_TORCH_METRICS, _TORCH_EVENTS):
+            self.bridge(self.patches, name)
+
+    def when_imported(self) -> None:
+        from torchelastic_otel._torch import imports
+
+        pipeline.prepare()  # the bridge's global providers now, as the handlers' construction would make them
+        for name in (_TORCH_METRICS, _TORCH_EVENTS):
+            imports.when_imported(name, self._on_import)
+            self.patches.on_restore(lambda name=name: imports.cancel(name, self._on_import))
+        self.patches.on_restore(self._deactivate)
+
+    def _deactivate(self) -> None:
+        self.active = False
+
+    def _on_import(self, module: Any) -> None:
+        """In the thread that imported ``module``, right after its code ran."""
+        if not self.active:
+            return
+        from torchelastic_otel._torch.patches import Patches
+
+        changes = Patches()
+        try:
+            self.bridge(changes, module.__name__)
+        except Exception as exc:
+            changes.restore()
+            from torchelastic_otel import _selftelemetry
+
+            _selftelemetry.count(_selftelemetry.FALLBACK, "all", "torch_module_not_bridged")
+            _logger.warning("torchelastic_otel: %s not bridged, left as it was: %s", module.__name__, exc,
+                            exc_info=True)  # fmt: skip
+            return
+        self.patches.on_restore(changes.restore)
+
+
+_light_bridge: list[_TorchBridge] = []
+
+
+def bridge_torch_module(name: str) -> None:
+    """In a process that is not the worker (a worker's descendant: ``_torch.worker_env``), which imported torch's
+    events or metrics module ``name``: bridge it, and nothing else (no worker set-up, no agent lifecycle, no
+    rendezvous import). Nothing if the bridge is installed here (install() bridges them) or the SDK is disabled."""
+    with _lock:
+        if _patches is not None or pipeline.sdk_disabled():
+            return
+        if not _light_bridge:
+            from torchelastic_otel._torch.patches import Patches
+
+            _light_bridge.append(_TorchBridge(Patches(), import_rendezvous=False))
+        bridge = _light_bridge[0]
+    bridge.bridge(bridge.patches, name)
+
+
+def _forget_light_bridge() -> None:
+    """install() in a process that bridged torch's modules lazily: undo that first (they are bridged again)."""
+    while _light_bridge:
+        _light_bridge.pop().patches.restore()
+
+
 def install(
     tracer_provider: Any = None,
     meter_provider: Any = None,
@@ -95,32 +217,32 @@ def install(
             return True
         if pipeline.sdk_disabled():
             return False
-        try:
-            import torch.distributed.elastic.events  # noqa: F401
-            import torch.distributed.elastic.metrics  # noqa: F401
-        except Exception as exc:
-            _logger.info("torchelastic_otel: torch.distributed.elastic not available (%s); nothing to install", exc)
+        explicit = tracer_provider is not None or meter_provider is not None or logger_provider is not None
+        if not explicit and is_torchrun_worker():
+            pipeline.start_building()  # in a thread of its own, from the first moment, beside the script's imports
+        in_worker = is_torchrun_worker()
+        if not _torch_available(import_now=not in_worker):
             return False
-        from torchelastic_otel._torch import events_bridge, metrics_bridge, worker
+        from torchelastic_otel._torch import worker
         from torchelastic_otel._torch.patches import Patches
-        from torchelastic_otel.events._otel import OtelLoggingHandler
-        from torchelastic_otel.metrics._otel import OtelMetricHandler
 
-        in_worker = worker.is_torchrun_worker()
-        if tracer_provider is not None or meter_provider is not None or logger_provider is not None:
+        _forget_light_bridge()
+        if explicit:
             pipeline.setup(tracer_provider, meter_provider, logger_provider)
-        elif in_worker:
-            _deferred.defer()  # the exporters are set up off the worker's start-up path
         patches = Patches()
         try:
-            metric_handler = OtelMetricHandler()
-            metrics_bridge.install(patches, metric_handler)
             # A worker does not import torch's agent and rendezvous modules (~150 ms); bridge them only if it did.
-            events_bridge.install(patches, OtelLoggingHandler(), import_rendezvous=not in_worker)
+            # Nor torch's events and metrics modules (~1 s when the script does not import torch): they are bridged
+            # when the script imports them.
+            bridge = _TorchBridge(patches, import_rendezvous=not in_worker)
+            if in_worker:
+                bridge.when_imported()
+            else:
+                bridge.now()
             if not in_worker or _agent_loaded():
                 from torchelastic_otel._torch import lifecycle
 
-                lifecycle.install(patches, metric_handler.emit)
+                lifecycle.install(patches, bridge.metric_handler().emit)
             worker.install(patches)
             if propagate_to_workers:
                 _prepend_env_path(patches, "PYTHONPATH", BOOTSTRAP_DIR)

@@ -1,23 +1,133 @@
-"""What a torchrun worker's environment says about it: whether it is one, and the agent's trace context for it.
+"""What a process's environment says about it: the worker torchrun started, one of its descendants, or neither.
 
-Kept free of the rest of the bridge (no buffers, no threads, no torch) because a worker reads it at interpreter
-start-up, before it forks the process that carries its output (``output``), and that process reads it too.
+Kept free of the rest of the bridge (no buffers, no threads, no torch, no OpenTelemetry, not even ``__future__`` at
+import) because every Python process that inherits a bridged worker's environment reads it at interpreter start-up
+(the bootstrap ``sitecustomize``), and so do the worker's output processes.
+
+**Which process is the worker.** A bridged agent hands its workers ``TORCHELASTIC_OTEL_AUTO_INSTALL=1`` and the
+bootstrap directory on ``PYTHONPATH``; torchrun hands them ``RANK``, ``TORCHELASTIC_RUN_ID`` and the rest. Every
+process the worker starts inherits all of that: ``subprocess`` of ``sys.executable``, ``multiprocessing`` spawn and
+forkserver pools, DataLoader workers with a spawn context, a compiler's worker pool. They are not the worker, and
+must cost nothing (no torch, no SDK, no output capture of their own, no exit path). So the first bridged Python
+process of a lineage marks itself in its own environment (:data:`WORKER_ENV`, ``"<pid> <rank> <restart count>
+<run id>"``, see :func:`claim`), which everything it starts inherits. At start-up a process is:
+
+- the **worker** (:data:`WORKER`) if torchrun's variables are set and there is no mark, or the mark is its own
+  pid (the worker ``exec``-ed a new image of itself), or the mark names another rank, attempt or run (a torchrun job
+  started from inside a worker: its workers are workers of their own job);
+- a **descendant** (:data:`DESCENDANT`) if torchrun's variables are set and the mark names another process of the
+  same rank, attempt and run;
+- **neither** (:data:`OTHER`) without torchrun's variables.
+
+The cases this has to get right:
+
+- ``--no-python`` (a shell script as the worker): the shell is no Python process and marks nothing, so the first
+  Python it runs is the worker. A script that runs several Pythons one after the other makes each one a worker in
+  turn (each has the rank's output and failure records), the closest thing to "the worker" there is.
+- fork (``multiprocessing`` fork context, DataLoader's default, ``os.fork``): the child runs no ``sitecustomize``;
+  it is a copy of the worker, bridge included (``_runtime``'s fork handlers give it state of its own), and the
+  mark in its environment names its parent: :func:`is_torchrun_worker` is ``False`` in it, and whatever Python it
+  starts is a descendant.
+- spawn / forkserver / ``subprocess``: a new interpreter with the worker's environment: a descendant.
+- workers started by ``elastic_launch`` with a Python function as entry point: torch starts them with
+  ``multiprocessing`` (spawn by default) and sets ``RANK`` and the rest only after the interpreter started, inside
+  the child, just before calling the function. At start-up such a process is :data:`OTHER`: it marks itself with
+  its pid only, is bridged lazily like a descendant (below) and its records carry the rank (the resource is built
+  on first use, after torch set the variables); a function that wants the worker's own set-up (failure and
+  terminated records, logging) calls ``torchelastic_otel.install()``, which then finds it is the worker (the mark is
+  its own pid). Its own children are descendants.
+
+**What a descendant or other process gets** (:func:`join_lazily`): nothing at start-up but two post-import hooks
+(``imports``). If it imports the bridge's API (``torchelastic_otel.events`` / ``.metrics`` / ``.pipeline``), the
+worker's attempt span (``TRACEPARENT``, inherited) becomes the current context of the importing thread, so what it
+records joins its worker's trace; its pipeline is built on first use from the inherited ``OTEL_*`` and torchrun
+variables, so its resource carries the same run, role and ranks (its own ``process.pid``). If it imports torch's
+elastic events or metrics modules, they are bridged as in a worker (no agent lifecycle, no rendezvous import). Its
+stdout and stderr are its worker's fds, captured by the worker already: it captures nothing itself.
 """
 
-from __future__ import annotations
-
 import os
-from typing import Any
 
-__all__ = ["is_torchrun_worker", "agent_context"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = [
+    "is_torchrun_worker",
+    "agent_context",
+    "role",
+    "claim",
+    "claimed",
+    "join_lazily",
+    "WORKER_ENV",
+    "WORKER",
+    "DESCENDANT",
+    "OTHER",
+]
+
+#: The mark of the first bridged Python process of a lineage (see above).
+WORKER_ENV = "TORCHELASTIC_OTEL_WORKER"
+WORKER = "worker"
+DESCENDANT = "descendant"
+OTHER = "other"
+
+_claimed: list[str | None] = [None]
+_joined = [False]
+
+
+def _identity() -> tuple[str, str, str] | None:
+    """(rank, restart count, run id) from torchrun's variables; ``None`` if this is no torchrun process."""
+    env = os.environ
+    rank, run_id = env.get("RANK"), env.get("TORCHELASTIC_RUN_ID")
+    if rank is None or run_id is None:
+        return None
+    return rank, env.get("TORCHELASTIC_RESTART_COUNT", ""), run_id
+
+
+def role() -> str:
+    """:data:`WORKER`, :data:`DESCENDANT` or :data:`OTHER`, from the environment as it is now (see above)."""
+    identity = _identity()
+    if identity is None:
+        return OTHER
+    mark = os.environ.get(WORKER_ENV)
+    if not mark:
+        return WORKER
+    pid, _, marked_identity = mark.partition(" ")
+    if pid == str(os.getpid()):
+        return WORKER
+    if marked_identity and tuple(marked_identity.split(" ", 2)) != identity:
+        return WORKER  # a worker of a torchrun job started from inside another job's worker
+    return DESCENDANT
 
 
 def is_torchrun_worker() -> bool:
-    """torchrun sets ``RANK`` and ``TORCHELASTIC_RUN_ID`` for every worker it starts."""
-    return "RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+    """Whether this process is the worker torchrun started (not one of its descendants, not a forked copy)."""
+    return role() == WORKER
 
 
-def agent_context() -> Any:
+def claim() -> str:
+    """At interpreter start-up: this process's :func:`role`, and the mark in its environment for what it starts.
+
+    The worker marks itself with its pid and identity; a process that is neither worker nor descendant and finds
+    no mark marks itself with its pid alone (whatever it starts is a descendant, even once torch set ``RANK`` in
+    it). A descendant leaves the mark as it is.
+    """
+    current = role()
+    identity = _identity()
+    if current == WORKER and identity is not None:
+        os.environ[WORKER_ENV] = " ".join((str(os.getpid()), *identity))
+    elif current == OTHER and not os.environ.get(WORKER_ENV):
+        os.environ[WORKER_ENV] = str(os.getpid())
+    _claimed[0] = current
+    return current
+
+
+def claimed() -> str | None:
+    """What :func:`claim` found at start-up; ``None`` if it did not run in this process."""
+    return _claimed[0]
+
+
+def agent_context() -> "Any":
     """The context whose parent span is the agent's attempt (W3C ``TRACEPARENT`` / ``TRACESTATE`` set by the
     bridged agent for the workers of an attempt); ``None`` if there is none or it is not valid."""
     traceparent = os.environ.get("TRACEPARENT")
@@ -31,3 +141,43 @@ def agent_context() -> Any:
         carrier["tracestate"] = os.environ["TRACESTATE"]
     ctx = TraceContextTextMapPropagator().extract(carrier)
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+# ---- a process that is not the worker --------------------------------------------------------------------------
+
+#: Importing one of these means the process records through the bridge: it joins its worker's trace then.
+BRIDGE_API_MODULES = ("torchelastic_otel.pipeline",)
+#: torch's modules the bridge bridges, if the process imports them.
+TORCH_MODULES = ("torch.distributed.elastic.metrics", "torch.distributed.elastic.events")
+
+
+def join_lazily() -> None:
+    """A descendant (or other process that inherited a bridged environment) joins its worker's telemetry on first
+    use only (see above). Costs two dict entries and a finder now; idempotent."""
+    if _joined[0]:
+        return
+    _joined[0] = True
+    from torchelastic_otel._torch import imports
+
+    for name in BRIDGE_API_MODULES:
+        imports.when_imported(name, _enter_worker_trace)
+    for name in TORCH_MODULES:
+        imports.when_imported(name, _bridge_torch_module)
+
+
+def _enter_worker_trace(_module: "Any") -> None:
+    """The worker's attempt span becomes the current context of the thread that imported the bridge's API."""
+    ctx = agent_context()
+    if ctx is None:
+        return
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
+    if not trace.get_current_span().get_span_context().is_valid:
+        otel_context.attach(ctx)
+
+
+def _bridge_torch_module(module: "Any") -> None:
+    from torchelastic_otel import _install
+
+    _install.bridge_torch_module(module.__name__)
