@@ -205,7 +205,9 @@ def test_a_worker_that_exits_at_once_delivers_at_exit(record: bool) -> None:
         )
     code += "print(json.dumps(first_line))\n"
     with OtlpReceiver() as rx:
-        got = run(code, worker_env(rx))
+        # No agent here to hand the span to, so the exit waits for the build, within the exit bound: a generous one,
+        # as on a loaded 2-core machine the build alone can take over a second; what is tested is the delivery.
+        got = run(code, worker_env(rx, TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="10000"))
         assert got["installed"] is True
         assert rx.wait_for(lambda r: worker_start(r) and (not record or r.logs("trainer.done")), timeout=30), (
             rx.requests
