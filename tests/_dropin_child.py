@@ -69,7 +69,7 @@ def config(nnodes: int = 1, nproc: int = 2, start_method: str = "spawn", endpoin
         run_id=run_id or uuid.uuid4().hex[:8],
         rdzv_backend="c10d",
         rdzv_endpoint=endpoint,
-        rdzv_configs={"timeout": 60},
+        rdzv_configs={"join_timeout": 60, "timeout": 60},
         max_restarts=0,
         monitor_interval=0.05,
         start_method=start_method,
@@ -112,7 +112,13 @@ def sequential() -> dict[str, Any]:
 
 
 def _agent_node(endpoint: str, run_id: str, queue: Any) -> None:
-    """One more node of a two-node job, in a process of its own (started by the scenario)."""
+    """One more node of a two-node job, in a process of its own (started by the scenario). It starts with a
+    garbage collection, as any code of a forked child may run one (allocations start them): whatever garbage the
+    launching process left is collected here, in the child."""
+    import gc
+
+    gc.collect()
+    gc.enable()
     launched = launch(worker_view, nnodes=2, endpoint=endpoint, run_id=run_id)
     queue.put(sorted(v["rank"] for v in launched["result"].values()))
 
@@ -121,7 +127,11 @@ def agents(context_name: str) -> dict[str, Any]:
     """Several agents of one job from one process: this process's agent and one in a ``context_name`` (spawn or
     fork) child, as torch's launcher tests do. The fork case forks after an in-process launch that hosted its
     rendezvous store here (and after one that failed: its exception's traceback keeps that agent in a reference
-    cycle), which the child inherits."""
+    cycle), which the child inherits. Automatic garbage collection is off in this process (as some training
+    scripts have it), so whatever garbage it made is still there when it forks, for the child to collect."""
+    import gc
+
+    gc.disable()
     previous = launch(worker_view, nproc=1)
     failed = None
     try:
@@ -206,7 +216,8 @@ def run_main(mode: str) -> dict[str, Any]:
             launcher_main(["--nnodes=1", "--nproc-per-node=2", f"--rdzv-id={run_id}", "--rdzv-backend=c10d",
                            "--rdzv-endpoint=127.0.0.1:0", "--monitor-interval=0.05", "--start-method=spawn",
                            "--no-python", sys.executable, "-c", SCRIPT, directory])  # fmt: skip
-            out["launches"].append({"views": script_views(directory), "environ_changed": _diff(before, dict(os.environ))})
+            changed = _diff(before, dict(os.environ))
+            out["launches"].append({"views": script_views(directory), "environ_changed": changed})
     return out
 
 

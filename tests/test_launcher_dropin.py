@@ -136,7 +136,10 @@ def test_in_process_launches_one_after_another(endpoint: str, tmp_path: Path) ->
 def test_several_agents_in_one_process(context_name: str, tmp_path: Path) -> None:
     """An agent in this process and one in a spawned or forked child, as torch's launcher and agent tests run them,
     after an in-process launch that hosted its store here and one that failed: the job completes as with plain
-    torch (a forked child never hangs on what it inherited)."""
+    torch. The forked child collects the garbage it inherited first: with the collector down, failed gRPC exports
+    leave the exporter's old channel in reference cycles, and a child destroying a gRPC channel of its parent's
+    aborts (``std::system_error``), its peers then waiting for it -- the hang of torch's
+    ``test_correct_rank_assignment_heterogeneous_etcd_v2``."""
     endpoint = f"http://127.0.0.1:{_closed_port()}"
     plain, bridged = _plain_and_bridged(f"agents_{context_name}", endpoint, tmp_path)
     assert plain["hung"] is False and bridged["hung"] is False

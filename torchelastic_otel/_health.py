@@ -54,6 +54,10 @@ class ExportHealth:
     def retrying(self) -> None:
         self._retried_at = time.monotonic()
 
+    def last_retry(self) -> float:
+        """When an export last retried (``time.monotonic()``; -1.0: never in this process)."""
+        return self._retried_at
+
     def in_flight(self) -> dict[str, int]:
         """Items of the exports in flight, by signal (what a process that ends now loses with them)."""
         out: dict[str, int] = {}

@@ -19,6 +19,7 @@ Every hook of the process that the bridge takes is registered here and calls int
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import sys
@@ -48,8 +49,31 @@ _logger = logging.getLogger("torchelastic_otel")
 
 
 def before_fork() -> None:
-    """Exports in flight finish first (bounded): gRPC cannot prepare a fork while a thread is inside a call."""
+    """Exports in flight finish first (bounded): gRPC cannot prepare a fork while a thread is inside a call. Then
+    the garbage failed exports left is collected here (``_collect_export_garbage``)."""
     _forkgate.gate.before_fork()
+    _collect_export_garbage()
+
+
+#: The exporters' failures and last retry at the last collection before a fork (a child starts with neither).
+_collected_at: list[tuple[int, float]] = [(0, -1.0)]
+
+
+def _collect_export_garbage() -> None:
+    """A failed or retried gRPC export leaves the exporter's old channel and call state in reference cycles (the RPC
+    error, its traceback, the frames that hold the call) until a garbage collection runs. A forked child inherits
+    that garbage; a collection in the child -- whenever its allocations start one -- destroys a gRPC channel of the
+    parent's, and gRPC's destructor, joining threads the child does not have, aborts it (``std::system_error:
+    Invalid argument``): an agent forked by a launcher dies, and the agents it was to meet in the rendezvous wait
+    for it. So the parent collects first, once per fork after exports failed or retried (a collector down), else
+    never. Never raises (a fork handler)."""
+    try:
+        mark = (_health.health.failures, _health.health.last_retry())
+        if mark != _collected_at[0]:
+            _collected_at[0] = mark
+            gc.collect()
+    except Exception:
+        _logger.debug("torchelastic_otel: collection before fork failed", exc_info=True)
 
 
 def after_fork_in_parent() -> None:
@@ -62,6 +86,7 @@ def after_fork_in_child() -> None:
     then the drainer thread, once everything it touches is the child's."""
     _selftelemetry.after_fork_in_child()
     _health.health.after_fork_in_child()
+    _collected_at[0] = (0, -1.0)
     _forkgate.gate.after_fork_in_child()
     _bounded.after_fork_in_child()
     _drainer.after_fork_in_child()
