@@ -21,6 +21,7 @@ torchrun beside it, released at the same moment.
 
 from __future__ import annotations
 
+import collections
 import re
 import sys
 import time
@@ -137,6 +138,17 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
         alerts = [a for a in prom.firing() if a["labels"]["alertname"] == "TorchElasticRankMissingFromCollective"]
         (panel, table_query), = [(p, q) for p, q in training_jobs.dashboard_queries() if "missing from" in p]
         table = prom.query(table_query)
+
+        def waiting_ranks_stalled() -> bool:
+            """The live query may name rank 1 before the stall records are out: the back-off test wants four of
+            each waiting rank (at 3, 6, 12 and 24 s)."""
+            counts = collections.Counter(int(r["resource"]["torchelastic.rank"]) for r in rx.logs(STALLED)
+                                         if is_worker(r) and str(r["attributes"].get("torchelastic.stalled.steps"))
+                                         == "5")  # fmt: skip
+            return all(counts[rank] >= 4 for rank in WAITING)
+
+        stack.wait_until(waiting_ranks_stalled, QUERY_TIMEOUT, "four stalled records of each waiting rank",
+                         on_timeout=describe)  # fmt: skip
         released = time.monotonic()
         go.touch()
         plain_go.touch()

@@ -220,19 +220,19 @@ def test_install_hooks_optimizers_registers_the_watchdog_and_undoes_it(
 ) -> None:
     monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
     periodic = len(_drainer._periodic)
-    metadata = worker._worker_metadata
+    extras = list(worker._final_extras)
     patches = Patches()
-    training.install(patches)
+    training.install(patches, worker.add_final_metadata)
     try:
         assert os.environ["TORCH_FR_BUFFER_SIZE"] == training.FLIGHT_RECORDER_ENTRIES
         assert len(_drainer._periodic) == periodic + 1
-        assert worker._worker_metadata is not metadata  # the final records get the collectives' summary
-        assert "collectives" not in worker._worker_metadata()  # (no process group here: nothing to add)
+        assert len(worker._final_extras) == len(extras) + 1  # the final records get the collectives' summary
+        assert "collectives" not in worker._final_metadata()  # (no process group here: nothing to add)
         _optimizer().step()
         assert len(steps._pending) == 1
     finally:
         patches.restore()
-    assert len(_drainer._periodic) == periodic and worker._worker_metadata is metadata
+    assert len(_drainer._periodic) == periodic and worker._final_extras == extras
     _optimizer().step()
     assert len(steps._pending) == 1  # the hook is gone
 

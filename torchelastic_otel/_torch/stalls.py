@@ -160,11 +160,11 @@ def _export(metadata: dict[str, Any], code: dict[str, Any]) -> None:
     from opentelemetry import context as otel_context
 
     from torchelastic_otel import pipeline
-    from torchelastic_otel._torch import worker
+    from torchelastic_otel._torch.worker_env import agent_context
     from torchelastic_otel.events import _otel as event_adapter
     from torchelastic_otel.events.api import Event, EventSource
 
-    ctx = worker.attempt_context()
+    ctx = agent_context()  # the agent's attempt, as the worker joined it
     token = otel_context.attach(ctx) if ctx is not None else None
     try:
         event_adapter.export_event(Event(STALLED_EVENT, EventSource.WORKER, metadata=metadata), code)

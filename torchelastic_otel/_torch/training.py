@@ -35,7 +35,7 @@ def enabled() -> bool:
     return os.environ.get("TORCHELASTIC_OTEL_STEPS", "1").strip() != "0"
 
 
-def install(patches: Patches) -> None:
+def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[str, Any]]], Any] | None = None) -> None:
     """Set up the training telemetry of this torchrun worker (see the module's docstring)."""
     if not enabled():
         return
@@ -51,7 +51,11 @@ def install(patches: Patches) -> None:
         watchdog.tick()
 
     patches.on_restore(_drainer.add_periodic(tick, TICK_SECONDS))
-    _summary_on_final_records(patches)
+    if add_final_metadata is not None:
+        from torchelastic_otel._torch import collectives
+
+        # The terminated and exception records carry the Flight Recorder's summary (the collective a rank waits in).
+        patches.on_restore(add_final_metadata(collectives.summary_attributes))
 
 
 def _hook_optimizers(patches: Patches) -> Callable[[], None]:
@@ -88,16 +92,3 @@ def _hook_optimizers(patches: Patches) -> Callable[[], None]:
     patches.on_restore(undo)
     return look
 
-
-def _summary_on_final_records(patches: Patches) -> None:
-    """The terminated and exception records take their metadata from ``worker._worker_metadata``: add the summary."""
-    from torchelastic_otel._torch import collectives, worker
-
-    metadata = getattr(worker, "_worker_metadata", None)
-    if metadata is None:
-        return
-
-    def with_collectives() -> dict[str, Any]:
-        return {**metadata(), **collectives.summary_attributes()}
-
-    patches.set(worker, "_worker_metadata", with_collectives)

@@ -65,6 +65,27 @@ def _worker_metadata() -> dict[str, Any]:
     }
 
 
+#: What the final records (terminated, exception) carry besides the worker's identity: the training telemetry's
+#: collectives summary (``training``), added through :func:`add_final_metadata`.
+_final_extras: list[Any] = []
+
+
+def add_final_metadata(source: Any) -> Any:
+    """Let ``source()`` add attributes to the final records; returns how to take it back (``patches.on_restore``)."""
+    _final_extras.append(source)
+    return lambda: _final_extras.remove(source) if source in _final_extras else None
+
+
+def _final_metadata() -> dict[str, Any]:
+    metadata = _worker_metadata()
+    for source in list(_final_extras):
+        try:
+            metadata.update(source())
+        except Exception:
+            pass  # the final records go out without it
+    return metadata
+
+
 def _join_agent_trace(patches: Patches) -> None:
     ctx = agent_context()
     if ctx is None:
@@ -177,7 +198,7 @@ def _terminated_record(signum: int, stacks: _stacks.Stacks) -> Any:
         name = signal.Signals(signum).name
     except ValueError:
         name = str(signum)
-    metadata = {**_worker_metadata(), "state": "TERMINATED", "signal": name}
+    metadata = {**_final_metadata(), "state": "TERMINATED", "signal": name}
     if stacks.text:
         metadata.update(stack=stacks.text, stack_threads=stacks.threads)
     frame = stacks.user_frame
@@ -204,7 +225,7 @@ def _install_excepthook(patches: Patches) -> None:
             if not issubclass(exc_type, KeyboardInterrupt):
                 root_cause.write_failure(exc_type, exc, tb)  # first: the agent ranks the failures by it
                 text = "".join(traceback.format_exception(exc_type, exc, tb))
-                metadata = {**_worker_metadata(), "state": "FAILED", "raw_error": text}
+                metadata = {**_final_metadata(), "state": "FAILED", "raw_error": text}
                 _final_words(Event("torchelastic.worker.exception", EventSource.WORKER, metadata=metadata))
                 confirm = _confirm()
                 confirm(_runtime.final_flush(FLUSH_TIMEOUT_MILLIS))
@@ -227,4 +248,4 @@ def install(patches: Patches) -> None:
     _install_sigterm(patches)
     _install_excepthook(patches)
     worker_logging.install(patches, attempt_context)
-    training.install(patches)  # steps, stragglers, stalls (after the final records' set-up: it extends them)
+    training.install(patches, add_final_metadata)  # steps, stragglers, stalls; the final records carry its summary
