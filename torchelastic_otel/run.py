@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["main"]
 
 
-def _settle_run_id(args: Any) -> None:
+def _settle_run_id(args: Any, standalone_id: str | None = None) -> None:
     """Generate torchrun's run id now where ``torch.distributed.run.run`` would generate it later.
 
     Same rules as torch 2.x: ``--standalone``, and a single-node static rendezvous without an endpoint, become a
@@ -23,13 +23,42 @@ def _settle_run_id(args: Any) -> None:
     """
     if args.standalone:
         args.standalone = False
-        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+        args.rdzv_id = standalone_id or str(uuid.uuid4())
         return
     if args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
         from torch.distributed.run import parse_min_max_nnodes
 
         if parse_min_max_nnodes(args.nnodes)[1] == 1:
             args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+
+
+def _early_run_id(argv: list[str]) -> tuple[str | None, str | None]:
+    """The run id as the arguments alone tell it, before torch (1-2 s to import) is: ``--rdzv-id`` as given, or a
+    fresh uuid for ``--standalone`` (which :func:`_settle_run_id` then uses); ``(None, None)`` where only torch's
+    parser can tell. Returns ``(run id, the standalone uuid)``."""
+    standalone, run_id = None, None
+    for i, arg in enumerate(argv):
+        if arg in ("--", "-m", "--module", "--no-python", "--no_python") or arg.endswith(".py"):
+            break  # the script and its own arguments follow
+        if arg == "--standalone":
+            standalone = str(uuid.uuid4())
+        elif arg in ("--rdzv-id", "--rdzv_id") and i + 1 < len(argv):
+            run_id = argv[i + 1]
+        elif arg.startswith(("--rdzv-id=", "--rdzv_id=")):
+            run_id = arg.split("=", 1)[1]
+    return (standalone or run_id), standalone
+
+
+def _build_early(run_id: str | None) -> None:
+    """Build the agent's pipeline in a thread of its own while torch is imported, where the run id its resource
+    carries is known already (else ``install()`` builds it, once torch has parsed the arguments)."""
+    if not run_id or run_id == "none" or os.environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    os.environ["TORCHELASTIC_RUN_ID"] = run_id
+    from torchelastic_otel import pipeline
+
+    pipeline.start_building()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,18 +69,24 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(report(argv[1:]))
     if argv and argv[0] == "run":  # `torchelastic-otel run ...`
         argv = argv[1:]
-    from torch.distributed import run as torchrun
-
-    args = torchrun.parse_args(argv)
-    _settle_run_id(args)
-    # The agent's resource reads the run id from the environment when install() builds the pipeline; a launcher
-    # called in-process (in place of torch.distributed.run.main) then gets its environment back as it was.
+    # The agent's resource reads the run id from the environment when the pipeline is built; a launcher called
+    # in-process (in place of torch.distributed.run.main) then gets its environment back as it was.
     previous = os.environ.get("TORCHELASTIC_RUN_ID")
-    if args.rdzv_id and args.rdzv_id != "none":
-        os.environ["TORCHELASTIC_RUN_ID"] = args.rdzv_id
-    from torchelastic_otel._install import install
-
     try:
+        early_id, standalone_id = _early_run_id(argv)
+        _build_early(early_id)
+        from torch.distributed import run as torchrun
+
+        args = torchrun.parse_args(argv)
+        _settle_run_id(args, standalone_id)
+        if args.rdzv_id and args.rdzv_id != "none":
+            if early_id is not None and os.environ.get("TORCHELASTIC_RUN_ID") != args.rdzv_id:
+                from torchelastic_otel import pipeline
+
+                pipeline.shutdown()  # built for another run id: install() builds it again
+            os.environ["TORCHELASTIC_RUN_ID"] = args.rdzv_id
+        from torchelastic_otel._install import install
+
         install()
         _run(torchrun, args)
     finally:
