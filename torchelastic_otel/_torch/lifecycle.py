@@ -37,7 +37,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCod
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from torchelastic_otel import _attributes, _compat, _selftelemetry, pipeline
-from torchelastic_otel._torch import root_cause
+from torchelastic_otel._torch import final_words, root_cause
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.events import _otel as event_adapter
 from torchelastic_otel.events.api import Event, EventSource
@@ -308,9 +308,17 @@ def _wrap_monitor(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _monitor_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
         result = orig(self, worker_group, *args, **kwargs)
         _safe(_observe_monitor, self, worker_group, result)
+        if str(getattr(result.state, "name", result.state)) in ("FAILED", "SUCCEEDED"):
+            _safe(_deliver_final_words)
         return result
 
     return _monitor_workers
+
+
+def _deliver_final_words() -> None:
+    """What stopped or failed workers could not send themselves (``final_words``), sent now that they are gone."""
+    logger = pipeline.get_pipeline().logger_provider.get_logger("torchelastic_otel.worker", __version__)
+    final_words.deliver(root_cause.failure_dir(), logger, _tracer())
 
 
 def _observe_monitor(agent: Any, worker_group: Any, result: Any) -> None:
@@ -453,9 +461,23 @@ def _wrap_stop(orig: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return inner(self, *args, **kwargs)
         finally:
+            _safe(_deliver_final_words)
             _end_attempt(_state(self))
 
     return _stop_workers
+
+
+def _wrap_shutdown(orig: Callable[..., Any]) -> Callable[..., Any]:
+    inner = _wrap_span("torchelastic.agent.shutdown", orig)
+
+    @functools.wraps(orig)
+    def _shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return inner(self, *args, **kwargs)
+        finally:
+            _safe(_deliver_final_words)
+
+    return _shutdown
 
 
 def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None:
@@ -479,4 +501,4 @@ def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None
     wrap(LocalElasticAgent, "_start_workers", _wrap_start)
     wrap(LocalElasticAgent, "_monitor_workers", _wrap_monitor)
     wrap(LocalElasticAgent, "_stop_workers", _wrap_stop)
-    wrap(LocalElasticAgent, "_shutdown", lambda f: _wrap_span("torchelastic.agent.shutdown", f))
+    wrap(LocalElasticAgent, "_shutdown", _wrap_shutdown)
