@@ -51,6 +51,10 @@ test-compat:
 bench: venv
 	$(PY) bench/bench_api.py
 	$(PY) bench/bench_job.py
+	$(PY) bench/bench_failures.py
+	$(PY) bench/bench_worker_life.py
+	$(PY) bench/bench_descendants.py
+	$(PY) bench/bench_steps.py
 	$(PY) bench/bench_report.py
 
 clean:
