@@ -29,6 +29,7 @@ from typing import Any
 
 from torchelastic_otel import _selftelemetry, _stacks
 from torchelastic_otel._torch import collectives, steps
+from torchelastic_otel._torch.worker_env import worker_metadata
 
 __all__ = ["Watchdog", "threshold_seconds", "STALLED_EVENT"]
 
@@ -63,17 +64,6 @@ def threshold_seconds(median_step: float | None) -> float:
     return max(MIN_THRESHOLD_SECONDS, MEDIAN_MULTIPLE * median_step) if median_step else MIN_THRESHOLD_SECONDS
 
 
-def _worker_metadata() -> dict[str, Any]:
-    env = os.environ
-    return {
-        "run_id": env.get("TORCHELASTIC_RUN_ID"),
-        "role": env.get("ROLE_NAME"),
-        "global_rank": env.get("RANK"),
-        "local_rank": env.get("LOCAL_RANK"),
-        "group_rank": env.get("GROUP_RANK"),
-        "restart_count": env.get("TORCHELASTIC_RESTART_COUNT"),
-        "worker_pid": os.getpid(),
-    }
 
 
 class Watchdog:
@@ -134,7 +124,7 @@ class Watchdog:
         except Exception:
             stacks = _stacks.Stacks("", 0, None)
         metadata: dict[str, Any] = {
-            **_worker_metadata(),
+            **worker_metadata(),
             "state": "STALLED",
             "stalled": {
                 "seconds": round(stalled, 3),

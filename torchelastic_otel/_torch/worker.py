@@ -33,7 +33,7 @@ from opentelemetry import context as otel_context
 from torchelastic_otel import _attributes, _runtime, _stacks, pipeline
 from torchelastic_otel._torch import final_words, root_cause, training, worker_logging
 from torchelastic_otel._torch.patches import Patches
-from torchelastic_otel._torch.worker_env import agent_context, is_torchrun_worker
+from torchelastic_otel._torch.worker_env import agent_context, is_torchrun_worker, worker_metadata
 from torchelastic_otel.events import _otel as event_adapter
 from torchelastic_otel.events.api import Event, EventSource
 from torchelastic_otel.version import __version__
@@ -52,17 +52,6 @@ def attempt_context() -> Any:
     return _attempt[0]
 
 
-def _worker_metadata() -> dict[str, Any]:
-    env = os.environ
-    return {
-        "run_id": env.get("TORCHELASTIC_RUN_ID"),
-        "role": env.get("ROLE_NAME"),
-        "global_rank": env.get("RANK"),
-        "local_rank": env.get("LOCAL_RANK"),
-        "group_rank": env.get("GROUP_RANK"),
-        "restart_count": env.get("TORCHELASTIC_RESTART_COUNT"),
-        "worker_pid": os.getpid(),
-    }
 
 
 #: What the final records (terminated, exception) carry besides the worker's identity: the training telemetry's
@@ -77,7 +66,7 @@ def add_final_metadata(source: Any) -> Any:
 
 
 def _final_metadata() -> dict[str, Any]:
-    metadata = _worker_metadata()
+    metadata = worker_metadata()
     for source in list(_final_extras):
         try:
             metadata.update(source())
@@ -91,7 +80,7 @@ def _join_agent_trace(patches: Patches) -> None:
     if ctx is None:
         return
     start_ns, end_ns = _process_start_ns(), time.time_ns()
-    attributes = {f"torchelastic.{k}": str(v) for k, v in _worker_metadata().items() if v is not None}
+    attributes = {f"torchelastic.{k}": str(v) for k, v in worker_metadata().items() if v is not None}
 
     def start_span() -> None:
         tracer = pipeline.get_pipeline().tracer_provider.get_tracer("torchelastic_otel", __version__)

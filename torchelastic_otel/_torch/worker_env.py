@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "is_torchrun_worker",
+    "worker_metadata",
     "agent_context",
     "role",
     "claim",
@@ -181,3 +182,17 @@ def _bridge_torch_module(module: "Any") -> None:
     from torchelastic_otel import _install
 
     _install.bridge_torch_module(module.__name__)
+
+
+def worker_metadata() -> "dict[str, Any]":
+    """Who this worker is, as torchrun's environment says (the metadata of the worker's own records)."""
+    env = os.environ
+    return {
+        "run_id": env.get("TORCHELASTIC_RUN_ID"),
+        "role": env.get("ROLE_NAME"),
+        "global_rank": env.get("RANK"),
+        "local_rank": env.get("LOCAL_RANK"),
+        "group_rank": env.get("GROUP_RANK"),
+        "restart_count": env.get("TORCHELASTIC_RESTART_COUNT"),
+        "worker_pid": os.getpid(),
+    }
