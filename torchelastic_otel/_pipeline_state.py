@@ -180,8 +180,7 @@ class _State:
         self.builder = None
         if self.phase is Phase.BUILDING:
             self.phase = Phase.UNSET  # the placeholders stay: the first use builds, in that thread
-        if self.phase is not Phase.BUILDING:
-            self.built.set()
+        self.built.set()
 
 
 state = _State()
