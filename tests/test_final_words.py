@@ -239,6 +239,10 @@ def test_the_report_puts_a_record_the_agent_sent_on_its_worker(tmp_path: Path, m
     """A terminated record kept by a worker (``final_words.write``) and sent by its agent (``final_words.deliver``,
     through the real OTLP JSON file exporter, with the agent's resource) shows in the report on that worker: its
     state and its stack, as if the worker had sent it. Synthetic job files (``tests/_report_files``) around it."""
+    from importlib.metadata import entry_points
+
+    if not list(entry_points(group="opentelemetry_traces_exporter", name="otlp_json_file")):
+        pytest.skip("opentelemetry-exporter-otlp-json-file (the `file` extra) is not installed")
     from tests._report_files import Process, Shape, write_job
     from torchelastic_otel._torch import final_words
     from torchelastic_otel.events import _otel as event_adapter

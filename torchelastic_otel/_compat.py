@@ -326,7 +326,9 @@ def threads_start_at_exit() -> bool:
     if not _THREADS_AT_EXIT:
         refused = sys.implementation.name == "cpython" and sys.version_info[:3] in ((3, 12, 0), (3, 12, 1))
         if refused:
-            _fallback("threads_at_exit", f"Python {sys.version.split()[0]} starts no thread at exit (gh-113964)")
+            # Counted, not logged: a known limit of two Python releases, and a warning would add a line to every
+            # worker's console there (the bridge changes nothing but the telemetry).
+            _selftelemetry.count(_selftelemetry.FALLBACK, "all", "threads_at_exit")
         _THREADS_AT_EXIT.append(not refused)
     return _THREADS_AT_EXIT[0]
 

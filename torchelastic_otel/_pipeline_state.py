@@ -349,11 +349,11 @@ def start_building() -> bool:
     with state.lock:
         if state.phase is not Phase.UNSET or sdk_disabled():
             return False
+        for signal in _SIGNALS:  # also where it is built at once: an application may still set its own later
+            _compat.replace_global_provider(signal, None, _placeholders.BuildOnUse(signal, _provider_of))
         if _pulls_metrics() or not _compat.threads_start_at_exit():
             _ready(_build())
             return False
-        for signal in _SIGNALS:
-            _compat.replace_global_provider(signal, None, _placeholders.BuildOnUse(signal, _provider_of))
         builder = threading.Thread(target=_build_in_background, name="torchelastic-otel-setup", daemon=True)
         state.builder = builder
         state.enter(Phase.BUILDING, None)
