@@ -190,7 +190,8 @@ def test_the_job_ends_as_under_plain_torchrun(runner: Runner, mode_name: str, co
     plain, bridged = runner.plain(mode), runner.bridged(mode, collector)
     assert bridged.job.returncode == plain.job.returncode == 1, bridged.job.tail()
     statuses = rank_statuses(bridged.output)
-    assert set(statuses) == set(rank_statuses(plain.output)) == set(mode.statuses), bridged.job.tail()
+    # torch before 2.10 lists the root-cause rank only in its failure report, later releases every failed rank
+    assert statuses and set(statuses) == set(rank_statuses(plain.output)) <= set(mode.statuses), bridged.job.tail()
     for rank, status in statuses.items():
         assert status in mode.statuses[rank], f"rank {rank} exited {status}\n{bridged.job.tail()}"
     assert FORCED_KILL not in bridged.output
