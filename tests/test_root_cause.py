@@ -3,7 +3,8 @@
 End to end: a real 2-worker torchrun job (CPU, gloo, 127.0.0.1) through ``torchelastic-otel run``, exporting to the
 in-process OTLP receiver; ``tests/_root_cause_worker.py``: rank 1 prints, logs and raises ``ValueError`` while
 rank 0 waits for it inside a gloo ``all_reduce`` (rank 0 then fails in gloo, or its agent stops it). Run once with
-a plain script and once with torch's ``@record`` (which writes torch's error file too). The agent must report
+a plain script and once with torch's ``@record`` (which writes torch's error file too) and a ``finally:
+destroy_process_group()`` (rank 0 then loses its peer before rank 1's exception reaches the excepthook). The agent must report
 rank 1 -- never rank 0, whose failure is later by causality -- with its traceback, and rank 0 as a consequence.
 
 Unit level: ``root_cause.find`` over torch's real ``ProcessFailure`` objects, reading real error files written by
@@ -49,7 +50,7 @@ def failed_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
 
     def start(launcher: str, record: bool, env: dict[str, str]) -> Job:
         cmd = [sys.executable, "-m", launcher, "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "0",
-               *c10d_args(unique_id("root-cause")), str(WORKER), *(["--record"] if record else [])]  # fmt: skip
+               *c10d_args(unique_id("root-cause")), str(WORKER), *(["--record", "--destroy"] if record else [])]  # fmt: skip
         output = tmp / f"{launcher}-{record}.log"
         with open(output, "wb") as out:
             proc = subprocess.Popen([str(c) for c in cmd], env=env, cwd=ROOT, stdout=out,
@@ -275,3 +276,53 @@ def test_write_failure_outside_a_bridged_worker_does_nothing(tmp_path: Path, mon
     except RuntimeError as exc:
         root_cause.write_failure(RuntimeError, exc, exc.__traceback__)
     assert list(tmp_path.iterdir()) == []
+
+
+def _worker(rank: int, local_rank: int, pid: int) -> Any:
+    from torch.distributed.elastic.agent.server.api import Worker
+
+    worker = Worker(local_rank=local_rank, global_rank=rank)
+    worker.id = pid
+    return worker
+
+
+def test_a_rank_still_exiting_after_it_raised_is_the_root_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 raised (its failure file is written) and is still flushing and tearing down when rank 0, which lost
+    it in a collective, has already exited: the agent sees rank 0 failed and rank 1 running; rank 1 is the cause."""
+    _write_own_failure(tmp_path, 501, ValueError("corrupt batch 7"), monkeypatch)
+    time.sleep(0.002)
+    _write_own_failure(tmp_path, 500, RuntimeError("Connection closed by peer [127.0.0.1]:1234"), monkeypatch)
+    failures = {0: _process_failure(0, 500, 1, tmp_path / "none.json")}
+    running = {1: _worker(1, 1, 501), 2: _worker(2, 0, 502)}
+    cause = root_cause.find(failures, sorted(running), str(tmp_path), running)
+    assert cause is not None
+    assert (cause.rank, cause.local_rank, cause.pid, cause.exception_type) == (1, 1, 501, "ValueError")
+    assert cause.exit_code is None and cause.reason == "ValueError"
+    assert cause.consequences == [0, 2]
+
+
+@pytest.mark.parametrize("lost", ["DistBackendError", "RuntimeError"])
+def test_a_lost_peer_gives_way_to_the_failure_it_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lost: str) -> None:
+    """A script that destroys its process group on the way out closes its connections before its excepthook runs: the
+    peer blocked in ``all_reduce`` raises gloo's error (torch's ``DistBackendError``; plain ``RuntimeError`` before
+    torch 2.2) and writes its time first. The rank whose own failure came within the window is the cause."""
+    import torch.distributed as dist
+
+    error = dist.DistBackendError if lost == "DistBackendError" else RuntimeError
+    _write_own_failure(tmp_path, 600, error("[gloo/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"), monkeypatch)
+    time.sleep(0.002)
+    _write_own_failure(tmp_path, 601, ValueError("corrupt batch 7"), monkeypatch)
+    failures = {r: _process_failure(r, 600 + r, 1, tmp_path / "none.json") for r in (0, 1)}
+    cause = root_cause.find(failures, [], str(tmp_path))
+    assert cause is not None
+    assert (cause.rank, cause.exception_type, cause.consequences) == (1, "ValueError", [0])
+
+
+def test_a_lost_peer_long_before_any_other_failure_stays_first(tmp_path: Path) -> None:
+    """Outside the window the communication error is the first failure known (its peer may have been killed)."""
+    for pid, kind, offset in ((700, "DistBackendError", 0), (701, "ValueError", root_cause.PEER_LOSS_WINDOW_NS + 1)):
+        data = {"time_unix_nano": 10**18 + offset, "pid": pid, "type": kind, "message": "m", "stacktrace": "s"}
+        (tmp_path / f"{pid}.json").write_text(json.dumps(data))
+    failures = {r: _process_failure(r, 700 + r, 1, tmp_path / "none.json") for r in (0, 1)}
+    cause = root_cause.find(failures, [], str(tmp_path))
+    assert cause is not None and (cause.rank, cause.exception_type) == (0, "DistBackendError")

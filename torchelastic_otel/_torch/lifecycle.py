@@ -371,8 +371,8 @@ def _report_root_cause(agent: Any, state: _AgentState, worker_group: Any, failur
     the rank failed), the same attributes on the attempt and run spans, and the ``torchelastic.root_cause.time``
     gauge, whose lowest value over every agent of a run names the job's first failure (one PromQL query)."""
     failed = {int(rank) for rank in failures}
-    running = [int(w.global_rank) for w in getattr(worker_group, "workers", ()) if int(w.global_rank) not in failed]
-    cause = root_cause.find(failures, running, root_cause.failure_dir())
+    running = {int(w.global_rank): w for w in getattr(worker_group, "workers", ()) if int(w.global_rank) not in failed}
+    cause = root_cause.find(failures, sorted(running), root_cause.failure_dir(), running)
     if cause is None:
         return
     host = _attributes.encodable(socket.gethostname(), "traces")  # as OTel's host.name (getfqdn may say localhost)

@@ -11,7 +11,9 @@ the workers it starts (``TORCHELASTIC_OTEL_FAILURE_DIR`` in their environment on
 is left as it was, see ``agent_failure_dir``); ``find`` then ranks an attempt's failures by the most precise time
 known for each -- that file's, else torch's error-file timestamp (whole seconds), else when the agent observed the
 exit -- and returns the first with its exit code or signal, traceback and the other ranks (failed later, or still
-running and so stopped by the agent) as consequences.
+running and so stopped by the agent) as consequences. Two corrections to plain time order: a rank still exiting
+with a failure file written counts as failed (it raised before its peers noticed), and a communication error (a peer
+lost in a collective) gives way to another rank's own failure close after it (``_first``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,16 @@ FAILURE_DIR_ENV = "TORCHELASTIC_OTEL_FAILURE_DIR"
 #: Bound on what a worker writes and the agent reads (a traceback of a deep recursion is megabytes).
 MAX_TEXT = 16384
 _NOT_AVAILABLE = "<N/A>"
+#: How far after the first failure a rank's own (non-communication) failure still counts as what the first lost.
+PEER_LOSS_WINDOW_NS = 10 * 1_000_000_000
+_PEER_LOSS_TYPES = frozenset({"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
+_PEER_LOSS_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited",
+    "NCCL communicator was aborted",
+)
 
 
 @dataclass
@@ -155,17 +167,68 @@ def _cut(text: str, keep_end: bool = False) -> str:
 # ---- agent side -----------------------------------------------------------------------------------------------
 
 
-def find(failures: dict[int, Any], running_ranks: list[int], failure_dir: str | None) -> RootCause | None:
+def find(
+    failures: dict[int, Any],
+    running_ranks: list[int],
+    failure_dir: str | None,
+    running_workers: dict[int, Any] | None = None,
+) -> RootCause | None:
     """The first of ``failures`` (torch's ``{global_rank: ProcessFailure}``) by time, with the other failed ranks
-    and ``running_ranks`` (stopped by the agent after it) as consequences; ``None`` if there are no failures."""
+    and ``running_ranks`` (stopped by the agent after it) as consequences; ``None`` if there are no failures.
+
+    A rank the agent still sees running may have failed first all the same: it raised, wrote its failure file and
+    is still exiting (flushing, tearing down its process group) when a peer that lost it in a collective has
+    already exited. ``running_workers`` (``{global_rank: Worker}``, torch's, whose ``id`` is the pid) lets such a rank
+    be ranked by its own time."""
     observed_ns = time.time_ns()
     causes = [_cause(int(rank), failure, failure_dir, observed_ns) for rank, failure in failures.items()]
     if not causes:
         return None
+    causes.extend(_exiting(running_workers or {}, {cause.rank for cause in causes}, failure_dir))
     causes.sort(key=lambda cause: (cause.time_unix_nano, cause.rank))
-    first = causes[0]
-    first.consequences = sorted({cause.rank for cause in causes[1:]} | {int(r) for r in running_ranks} - {first.rank})
+    first = _first(causes)
+    first.consequences = sorted(({cause.rank for cause in causes} | {int(r) for r in running_ranks}) - {first.rank})
     return first
+
+
+def _first(causes: list[RootCause]) -> RootCause:
+    """The earliest of ``causes`` (sorted by time) -- unless it is a communication error (a peer lost in a
+    collective, the store gone) and a rank failed otherwise within ``PEER_LOSS_WINDOW_NS`` of it: that rank's failure
+    is what the others lost it to. Why: a script that tears down its process group on the way out (``finally:
+    destroy_process_group()``, a context manager) closes its connections before its exception reaches the
+    excepthook that writes its time, so the peer blocked in a collective may raise, and write, first."""
+    earliest = causes[0]
+    for cause in causes:
+        if cause.time_unix_nano - earliest.time_unix_nano > PEER_LOSS_WINDOW_NS:
+            break
+        if not _lost_a_peer(cause):
+            return cause
+    return earliest
+
+
+def _lost_a_peer(cause: RootCause) -> bool:
+    """A failure that reads as a consequence of another rank's: torch's distributed errors, or gloo's and NCCL's
+    words for a peer that went away (older torch raises them as plain ``RuntimeError``)."""
+    if cause.exception_type in _PEER_LOSS_TYPES:
+        return True
+    message = cause.exception_message or ""
+    return cause.exception_type is not None and any(marker in message for marker in _PEER_LOSS_MARKERS)
+
+
+def _exiting(running_workers: dict[int, Any], failed: set[int], failure_dir: str | None) -> list[RootCause]:
+    """The running ranks that have written a failure file: they raised and are on their way out."""
+    causes = []
+    for rank, worker in running_workers.items():
+        pid = _int_or_none(getattr(worker, "id", None))
+        own = _read_failure(failure_dir, pid) if int(rank) not in failed else None
+        if own is None:
+            continue
+        local_rank = _int_or_none(getattr(worker, "local_rank", None))
+        cause = RootCause(int(rank), local_rank, pid, own["time_unix_nano"], "exception")
+        cause.exception_type, cause.exception_message = own.get("type"), own.get("message")
+        cause.exception_stacktrace = own.get("stacktrace")
+        causes.append(cause)
+    return causes
 
 
 def _cause(rank: int, failure: Any, failure_dir: str | None, observed_ns: int) -> RootCause:
