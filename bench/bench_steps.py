@@ -64,7 +64,7 @@ def hook(n: int = 50_000) -> tuple[float, float]:
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from torchelastic_otel._torch import steps
+    from torchelastic_otel._torch.worker import steps
 
     parameter = torch.nn.Parameter(torch.zeros(1))
     parameter.grad = torch.zeros(1)
@@ -106,8 +106,8 @@ def _drain_cost(n: int = 20_000) -> float:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     import torchelastic_otel
-    from torchelastic_otel import _drainer
-    from torchelastic_otel._torch import steps
+    from torchelastic_otel._export import drainer as _drainer
+    from torchelastic_otel._torch.worker import steps
 
     reader = InMemoryMetricReader()
     torchelastic_otel.setup(meter_provider=MeterProvider(metric_readers=[reader]))

@@ -38,7 +38,7 @@ WATCHED = {
     "otel_api": "opentelemetry.trace",
     "otel_sdk": "opentelemetry.sdk",
     "bridge_pipeline": "torchelastic_otel.pipeline",
-    "bridge_output": "torchelastic_otel._torch.output",
+    "bridge_output": "torchelastic_otel._torch.output.capture",
 }
 MARK_ENV = "TORCHELASTIC_OTEL_WORKER"
 CAPTURED_ENV = "TORCHELASTIC_OTEL_WORKER_OUTPUT_READER"

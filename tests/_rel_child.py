@@ -36,7 +36,8 @@ import time
 from typing import Any, Callable
 
 import torchelastic_otel
-from torchelastic_otel import _drainer, _selftelemetry, events, metrics
+from torchelastic_otel._export import drainer as _drainer, selftelemetry
+from torchelastic_otel import events, metrics
 from torchelastic_otel.events import Event, EventSource
 
 
@@ -70,11 +71,11 @@ def wait_until(condition: Callable[[], Any], timeout: float, interval: float = 0
 
 def counts() -> dict[str, int]:
     """The self-telemetry counters as ``{"dropped/logs/export_failed": n, ...}``."""
-    return {"/".join(key): value for key, value in sorted(_selftelemetry.snapshot().items())}
+    return {"/".join(key): value for key, value in sorted(selftelemetry.snapshot().items())}
 
 
 def dropped(signal: str, reason: str) -> int:
-    return _selftelemetry.total(_selftelemetry.DROPPED, signal, reason)
+    return selftelemetry.total(selftelemetry.DROPPED, signal, reason)
 
 
 def vm_hwm_kib() -> int:

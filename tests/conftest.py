@@ -146,7 +146,7 @@ def otel(clean_state: None) -> Iterator[InMemoryOtel]:
 @pytest.fixture
 def paused_drainer() -> Iterator[Any]:
     """Suspend the background drainer so only flushes and collections move buffered values."""
-    from torchelastic_otel import _drainer
+    from torchelastic_otel._export import drainer as _drainer
 
     with _drainer.paused():
         yield _drainer

@@ -17,7 +17,7 @@ _CHILD = r"""
 import json, time
 from opentelemetry import _logs, metrics, trace
 import torchelastic_otel
-from torchelastic_otel import _selftelemetry
+from torchelastic_otel._export import selftelemetry
 
 torchelastic_otel.get_pipeline()  # builds the providers from OTEL_* and sets them globally
 tracer = trace.get_tracer("user")
@@ -40,7 +40,7 @@ for name, provider in (("traces", trace.get_tracer_provider()), ("logs", _logs.g
     provider.shutdown()
     times[f"{name}.shutdown"] = [time.monotonic() - started, None]
 dropped = {}
-for (kind, signal, reason), n in _selftelemetry.snapshot("dropped").items():
+for (kind, signal, reason), n in selftelemetry.snapshot("dropped").items():
     dropped[signal] = dropped.get(signal, 0) + n
 print(json.dumps({"times": times, "dropped": dropped}))
 """

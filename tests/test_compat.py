@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from torchelastic_otel import _compat, _selftelemetry
+from torchelastic_otel import _compat
+from torchelastic_otel._export import selftelemetry
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,10 +48,10 @@ def test_thread_frames_has_every_thread() -> None:
 
 
 def test_thread_frames_fallback_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    before = _selftelemetry.total(_selftelemetry.FALLBACK, reason="sys._current_frames")
+    before = selftelemetry.total(selftelemetry.FALLBACK, reason="sys._current_frames")
     monkeypatch.delattr(sys, "_current_frames")
     assert _compat.thread_frames() == {}
-    assert _selftelemetry.total(_selftelemetry.FALLBACK, reason="sys._current_frames") == before + 1
+    assert selftelemetry.total(selftelemetry.FALLBACK, reason="sys._current_frames") == before + 1
 
 
 def test_default_disposition_from_another_thread_ends_the_process_by_the_signal() -> None:
@@ -82,13 +83,13 @@ def test_batch_queue_reads_the_sdk_batch_processors() -> None:
         BatchSpanProcessor(InMemorySpanExporter(), max_queue_size=7, max_export_batch_size=7, schedule_delay_millis=60000),
         BatchLogRecordProcessor(InMemoryLogRecordExporter(), max_queue_size=7, max_export_batch_size=7, schedule_delay_millis=60000),
     ):
-        before = _selftelemetry.total(_selftelemetry.FALLBACK)
+        before = selftelemetry.total(selftelemetry.FALLBACK)
         state = _compat.batch_queue(processor)
         assert state is not None and (state.length, state.limit, state.shut_down) == (0, 7, False)
         processor.shutdown()
         state = _compat.batch_queue(processor)
         assert state is not None and state.shut_down
-        assert _selftelemetry.total(_selftelemetry.FALLBACK) == before
+        assert selftelemetry.total(selftelemetry.FALLBACK) == before
 
 
 def test_global_providers_are_where_the_bridge_reads_and_writes_them() -> None:
@@ -123,9 +124,9 @@ def test_metric_readers_of_an_sdk_meter_provider() -> None:
     assert _compat.metric_readers(object()) is None
     from opentelemetry.sdk.trace import TracerProvider
 
-    before = _selftelemetry.total(_selftelemetry.FALLBACK)
+    before = selftelemetry.total(selftelemetry.FALLBACK)
     assert _compat.metric_readers(TracerProvider()) is None  # not a meter provider: no fallback to count
-    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before
+    assert selftelemetry.total(selftelemetry.FALLBACK) == before
 
 
 def test_metric_readers_fallback_is_counted_for_an_sdk_provider_without_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,9 +135,9 @@ def test_metric_readers_fallback_is_counted_for_an_sdk_provider_without_them(mon
     provider = MeterProvider()
     monkeypatch.setattr(provider, "_sdk_config", None)
     monkeypatch.setattr(provider, "_metric_readers", None, raising=False)  # SDK < 1.45: only _sdk_config
-    before = _selftelemetry.total(_selftelemetry.FALLBACK, reason="MeterProvider._metric_readers")
+    before = selftelemetry.total(selftelemetry.FALLBACK, reason="MeterProvider._metric_readers")
     assert _compat.metric_readers(provider) is None
-    assert _selftelemetry.total(_selftelemetry.FALLBACK, reason="MeterProvider._metric_readers") == before + 1
+    assert selftelemetry.total(selftelemetry.FALLBACK, reason="MeterProvider._metric_readers") == before + 1
 
 
 # ---- torch ----------------------------------------------------------------------------------------------------------
@@ -171,7 +172,7 @@ def test_torch_event_logger_is_where_torch_record_writes() -> None:
         def emit(self, record: logging.LogRecord) -> None:
             seen.append(record.getMessage())
 
-    before = _selftelemetry.total(_selftelemetry.FALLBACK)
+    before = selftelemetry.total(selftelemetry.FALLBACK)
     logger = _compat.torch_event_logger("null")
     capture = Capture()
     logger.addHandler(capture)
@@ -180,7 +181,7 @@ def test_torch_event_logger_is_where_torch_record_writes() -> None:
     finally:
         logger.removeHandler(capture)
     assert len(seen) == 1 and '"compat.event"' in seen[0]
-    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before
+    assert selftelemetry.total(selftelemetry.FALLBACK) == before
 
 
 def _local_agent(max_restarts: int):  # type: ignore[no-untyped-def]
@@ -199,12 +200,12 @@ def _local_agent(max_restarts: int):  # type: ignore[no-untyped-def]
 def test_agent_spec_and_remaining_restarts_of_a_real_agent() -> None:
     pytest.importorskip("torch")
     agent, spec = _local_agent(max_restarts=3)
-    before = _selftelemetry.total(_selftelemetry.FALLBACK)
+    before = selftelemetry.total(selftelemetry.FALLBACK)
     assert _compat.agent_spec(agent) is spec
     assert _compat.agent_remaining_restarts(agent) == 3
-    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before
+    assert selftelemetry.total(selftelemetry.FALLBACK) == before
     assert _compat.agent_spec(object()) is None and _compat.agent_remaining_restarts(object()) is None
-    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before + 2
+    assert selftelemetry.total(selftelemetry.FALLBACK) == before + 2
 
 
 def test_every_agent_method_the_bridge_wraps_is_defined_by_torch() -> None:
@@ -212,21 +213,21 @@ def test_every_agent_method_the_bridge_wraps_is_defined_by_torch() -> None:
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    from torchelastic_otel._torch import lifecycle
+    from torchelastic_otel._torch.agent import lifecycle
     from torchelastic_otel._torch.patches import Patches
 
     patches = Patches()
-    before = _selftelemetry.total(_selftelemetry.FALLBACK)
+    before = selftelemetry.total(selftelemetry.FALLBACK)
     lifecycle.install(patches, lambda data: None)
     try:
         wrapped = [(cls.__name__, name) for cls in (SimpleElasticAgent, LocalElasticAgent)
                    for name, value in vars(cls).items() if getattr(value, "__torchelastic_otel__", False)]  # fmt: skip
         assert len(wrapped) == 8, wrapped
-        assert _selftelemetry.total(_selftelemetry.FALLBACK) == before
+        assert selftelemetry.total(selftelemetry.FALLBACK) == before
     finally:
         patches.restore()
     assert _compat.agent_method(LocalElasticAgent, "_no_such_method") is None
-    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before + 1
+    assert selftelemetry.total(selftelemetry.FALLBACK) == before + 1
 
 
 # ---- OpenTelemetry OTLP exporters -----------------------------------------------------------------------------------
@@ -302,14 +303,14 @@ def _unavailable_http_server():  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("protocol, module", [("grpc", ".grpc."), ("http/protobuf", ".http.")])
 def test_sdk_exporter_classes_resolve_otlp_by_protocol(monkeypatch: pytest.MonkeyPatch, protocol: str, module: str) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
-    before = _selftelemetry.total(_selftelemetry.FALLBACK)
+    before = selftelemetry.total(selftelemetry.FALLBACK)
     for signal in ("traces", "metrics", "logs"):
         classes = _compat.sdk_exporter_classes(signal, "otlp")
         assert len(classes) == 1 and module in next(iter(classes.values())).__module__, classes
         # The fallback resolves the same class through the entry points.
         assert _compat._exporter_entry_point(signal, "otlp") is next(iter(classes.values()))
     assert "console" in str(_compat.sdk_exporter_classes("traces", "console")).lower()
-    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before
+    assert selftelemetry.total(selftelemetry.FALLBACK) == before
     with pytest.raises(Exception):
         _compat.sdk_exporter_classes("traces", "no_such_exporter")
 
@@ -329,8 +330,8 @@ def test_sdk_sampler_and_id_generator_from_the_environment(monkeypatch: pytest.M
 def test_sdk_configuration_fallbacks_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk._configuration", None)  # as if a release moved it
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
-    before = _selftelemetry.total(_selftelemetry.FALLBACK)
+    before = selftelemetry.total(selftelemetry.FALLBACK)
     classes = _compat.sdk_exporter_classes("traces", "otlp")
     assert ".http." in next(iter(classes.values())).__module__
     assert _compat.sdk_sampler() is None and _compat.sdk_id_generator() is None
-    assert _selftelemetry.total(_selftelemetry.FALLBACK) == before + 3
+    assert selftelemetry.total(selftelemetry.FALLBACK) == before + 3

@@ -82,7 +82,8 @@ def no_bridge_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_the_instrumentor_hands_the_workers_the_bridge(no_bridge_env: None) -> None:
     """``TorchElasticInstrumentor`` (what ``opentelemetry-instrument`` loads in the agent) puts the bridge's bootstrap
     on the workers' ``PYTHONPATH``, whatever the auto-instrumentation ``sitecustomize`` does, and takes it off."""
-    from torchelastic_otel._install import AUTO_INSTALL_ENV, BOOTSTRAP_DIR, worker_environ
+    from torchelastic_otel._install import AUTO_INSTALL_ENV, BOOTSTRAP_DIR
+    from torchelastic_otel._torch.worker_env import worker_environ
     from torchelastic_otel.instrumentation import TorchElasticInstrumentor
 
     providers = (TracerProvider(), MeterProvider(), LoggerProvider())
@@ -134,7 +135,8 @@ def test_a_flush_leaves_the_applications_reader_its_delta_points_and_gauges(delt
 
 _AT_EXIT = r"""
 import atexit, json, threading
-from torchelastic_otel import _bounded, _compat
+from torchelastic_otel._export import bounded as _bounded
+from torchelastic_otel import _compat
 
 _bounded.start_exit_thread()  # as the bridge's exit handlers' registration does
 

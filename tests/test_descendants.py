@@ -336,12 +336,12 @@ def test_a_callback_runs_once_the_module_has_run(tmp_path: Path, monkeypatch: py
 
 
 def test_a_failing_callback_never_fails_the_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchelastic_otel import _selftelemetry
+    from torchelastic_otel._export import selftelemetry
     from torchelastic_otel._torch import imports
 
     (tmp_path / "hooked_failing.py").write_text("VALUE = 42\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    before = _selftelemetry.snapshot().get((_selftelemetry.DROPPED, "all", "import_hook_error"), 0)
+    before = selftelemetry.snapshot().get((selftelemetry.DROPPED, "all", "import_hook_error"), 0)
 
     def broken(module: object) -> None:
         raise RuntimeError("callback bug")
@@ -350,7 +350,7 @@ def test_a_failing_callback_never_fails_the_import(tmp_path: Path, monkeypatch: 
     import hooked_failing
 
     assert hooked_failing.VALUE == 42
-    assert _selftelemetry.snapshot().get((_selftelemetry.DROPPED, "all", "import_hook_error"), 0) == before + 1
+    assert selftelemetry.snapshot().get((selftelemetry.DROPPED, "all", "import_hook_error"), 0) == before + 1
     sys.modules.pop("hooked_failing", None)
 
 

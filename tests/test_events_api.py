@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 import torch.distributed.elastic.events as tev
 import torch.distributed.elastic.events.api as tev_api
 import torch.distributed.elastic.events.handlers as tev_handlers
-from torchelastic_otel import _selftelemetry, events
+from torchelastic_otel._export import selftelemetry
+from torchelastic_otel import events
 from torchelastic_otel.events import api as te_api
 from torchelastic_otel.events import handlers as te_handlers
 
@@ -398,7 +399,7 @@ def test_torch_record_through_otel_logging_handler_exports(otel, torch_events_st
 
 def test_torchs_event_objects_recorded_to_otel_directly(otel):
     """torch's own Event/RdzvEvent objects given to the bridge's ``record`` are exported, not dropped."""
-    before = _selftelemetry.total(_selftelemetry.DROPPED, "logs")
+    before = selftelemetry.total(selftelemetry.DROPPED, "logs")
     events.record(tev_api.Event("t.ev", tev_api.EventSource.AGENT, metadata={"state": "TERMINATED"}), "otel")
     events.record(tev_api.RdzvEvent("t.rd", "run", "msg", "h", 1, tev_api.NodeState.FAILED), "otel")
     records = otel.log_records()
@@ -407,7 +408,7 @@ def test_torchs_event_objects_recorded_to_otel_directly(otel):
         ("t.rd", "msg", 17),
     ]
     assert records[1].attributes["torchelastic.node_state"] == "FAILED"
-    assert _selftelemetry.total(_selftelemetry.DROPPED, "logs") == before
+    assert selftelemetry.total(selftelemetry.DROPPED, "logs") == before
 
 
 def test_otel_logging_handler_exports_non_event_messages(otel):
@@ -564,10 +565,10 @@ def test_legacy_default_handler_is_null_and_failing_handlers_do_not_raise():
             raise RuntimeError("handler bug")
 
     events.configure(Broken(), event_type="broken")
-    before = _selftelemetry.total(_selftelemetry.DROPPED, "logs", "handler_error")
+    before = selftelemetry.total(selftelemetry.DROPPED, "logs", "handler_error")
     events.record_event(te_api.Event("x", event_type="broken"))
     events.record("y", "broken")
-    assert _selftelemetry.total(_selftelemetry.DROPPED, "logs", "handler_error") == before + 2
+    assert selftelemetry.total(selftelemetry.DROPPED, "logs", "handler_error") == before + 2
 
 
 def test_event_handler_is_abstract():

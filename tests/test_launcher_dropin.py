@@ -202,12 +202,12 @@ def test_the_workers_get_the_bootstrap_first_on_their_path(monkeypatch: pytest.M
     """What ``install()`` hands down is computed against the launching process's environment when workers start:
     the bootstrap goes first on the workers' ``PYTHONPATH`` (also where it is already on it further down, as behind
     OpenTelemetry's auto-instrumentation directory), and nothing is left once the bridge is uninstalled."""
-    from torchelastic_otel._install import _prepend_env_path, _set_env, worker_environ
+    from torchelastic_otel._torch.worker_env import prepend_env_path, set_env, worker_environ
     from torchelastic_otel._torch.patches import Patches
 
     patches = Patches()
-    _prepend_env_path(patches, "PYTHONPATH", BOOTSTRAP)
-    _set_env(patches, "TORCHELASTIC_OTEL_AUTO_INSTALL", "1")
+    prepend_env_path(patches, "PYTHONPATH", BOOTSTRAP)
+    set_env(patches, "TORCHELASTIC_OTEL_AUTO_INSTALL", "1")
     try:
         for current, expected in (
             (None, [BOOTSTRAP]),

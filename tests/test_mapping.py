@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from opentelemetry.metrics._internal.instrument import Instrument
 
 import torchelastic_otel
-from torchelastic_otel import _selftelemetry, events, metrics
+from torchelastic_otel._export import selftelemetry
+from torchelastic_otel import events, metrics
 from torchelastic_otel.events import _otel as events_otel
 from torchelastic_otel.events.api import Event, EventSource, NodeState, RdzvEvent
 from torchelastic_otel.metrics.rules import DEFAULT_RULES, DURATION_BUCKETS_S, MetricRule, resolve, valid_instrument_name
@@ -302,7 +303,7 @@ def test_collection_drains_a_handler_created_before_setup(otel, paused_drainer):
 
 
 def test_invalid_values_are_dropped_and_counted(otel, handler):
-    before = {r: _selftelemetry.total("dropped", "metrics", r) for r in ("negative_value", "non_numeric_value")}
+    before = {r: selftelemetry.total("dropped", "metrics", r) for r in ("negative_value", "non_numeric_value")}
     put = metrics.put_metric
     put("tokens_total", 4)
     put("tokens_total", -1)  # a counter cannot go down
@@ -323,8 +324,8 @@ def test_invalid_values_are_dropped_and_counted(otel, handler):
     flags, enabled = _point(data, "flags_total", **_G).value, _point(data, "enabled", **_G).value
     assert (flags, enabled) == (1, 1) and type(flags) is int and type(enabled) is int
 
-    negative = _selftelemetry.total("dropped", "metrics", "negative_value")
-    non_numeric = _selftelemetry.total("dropped", "metrics", "non_numeric_value")
+    negative = selftelemetry.total("dropped", "metrics", "negative_value")
+    non_numeric = selftelemetry.total("dropped", "metrics", "non_numeric_value")
     assert negative - before["negative_value"] == 2
     assert non_numeric - before["non_numeric_value"] == 5
     exported = {(a["signal"], a["reason"]): p.value for a, p in points_of(data, "torchelastic_otel.dropped")}
@@ -335,16 +336,16 @@ def test_invalid_values_are_dropped_and_counted(otel, handler):
 def test_buffer_bound_drops_and_counts_the_overflow(otel, paused_drainer):
     bounded = metrics.OtelMetricHandler(max_pending=10)
     metrics.configure(bounded, group="bounded")
-    before = _selftelemetry.total("dropped", "metrics", "buffer_full")
+    before = selftelemetry.total("dropped", "metrics", "buffer_full")
     for _ in range(25):
         metrics.put_metric("events_total", 1, "bounded")
     assert len(bounded._pending) == 10
     torchelastic_otel.flush()
     data = otel.reader.get_metrics_data()
     assert _point(data, "events_total", metric_group="bounded").value == 10
-    assert _selftelemetry.total("dropped", "metrics", "buffer_full") - before == 15
+    assert selftelemetry.total("dropped", "metrics", "buffer_full") - before == 15
     exported = {(a["signal"], a["reason"]): p.value for a, p in points_of(data, "torchelastic_otel.dropped")}
-    assert exported[("metrics", "buffer_full")] == _selftelemetry.total("dropped", "metrics", "buffer_full")
+    assert exported[("metrics", "buffer_full")] == selftelemetry.total("dropped", "metrics", "buffer_full")
     # the buffer takes values again once drained
     metrics.put_metric("events_total", 1, "bounded")
     assert _point(otel.reader.get_metrics_data(), "events_total", metric_group="bounded").value == 11

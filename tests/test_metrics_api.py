@@ -15,7 +15,8 @@ import pytest
 
 import torch.distributed.elastic.metrics as tm
 import torch.distributed.elastic.metrics.api as tm_api
-from torchelastic_otel import _selftelemetry, metrics
+from torchelastic_otel._export import selftelemetry
+from torchelastic_otel import metrics
 from torchelastic_otel.metrics import api as te_api
 
 # ---- helpers ---------------------------------------------------------------------------------------------------
@@ -356,10 +357,10 @@ def test_failing_handler_is_counted_not_raised():
             raise RuntimeError("handler bug")
 
     metrics.configure(Broken(), "broken")
-    before = _selftelemetry.total(_selftelemetry.DROPPED, "metrics", "handler_error")
+    before = selftelemetry.total(selftelemetry.DROPPED, "metrics", "handler_error")
     metrics.put_metric("n", 1, "broken")
     metrics.getStream("broken").add_value("n", 1)
-    assert _selftelemetry.total(_selftelemetry.DROPPED, "metrics", "handler_error") == before + 2
+    assert selftelemetry.total(selftelemetry.DROPPED, "metrics", "handler_error") == before + 2
 
 
 # ---- deprecated API --------------------------------------------------------------------------------------------

@@ -186,7 +186,7 @@ def test_a_flush_where_no_thread_can_start_runs_inline(monkeypatch: pytest.Monke
     (The refusal is simulated: this interpreter allows threads there, so ``Thread.start`` is patched to refuse.)"""
     import threading
 
-    from torchelastic_otel import _bounded
+    from torchelastic_otel._export import bounded as _bounded
 
     def refuse(self: threading.Thread) -> None:
         raise RuntimeError("can't create new thread at interpreter shutdown")

@@ -37,7 +37,8 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 from opentelemetry.sdk.trace import TracerProvider
 
 import torchelastic_otel
-from torchelastic_otel import _drainer, _selftelemetry, events, metrics
+from torchelastic_otel._export import drainer, selftelemetry
+from torchelastic_otel import events, metrics
 from torchelastic_otel.events import Event, EventSource, NodeState, RdzvEvent
 from torchelastic_otel.events._otel import to_log_fields
 
@@ -248,7 +249,7 @@ class FuzzPipeline:
 
     @staticmethod
     def drain() -> None:
-        _drainer.drain_all()  # what every flush does first
+        drainer.drain_all()  # what every flush does first
 
     def new_log_records(self) -> list[Any]:
         self.drain()
@@ -290,7 +291,7 @@ def fuzz() -> Any:
         logger.handlers[:] = []
         logger.propagate = False
     events._events_loggers.clear()
-    with _drainer.paused():  # only this test's drains move values (deterministic accounting)
+    with drainer.paused():  # only this test's drains move values (deterministic accounting)
         state = FuzzPipeline()
         handler = metrics.OtelMetricHandler()
         metrics.configure(handler)
@@ -362,7 +363,7 @@ def check_log_record(readable: Any) -> None:
 def drops(signal: str) -> int:
     return sum(
         v
-        for (_kind, s, reason), v in _selftelemetry.snapshot(_selftelemetry.DROPPED).items()
+        for (_kind, s, reason), v in selftelemetry.snapshot(selftelemetry.DROPPED).items()
         if s == signal and reason not in NOT_RECORD_DROPS
     )
 

@@ -135,7 +135,7 @@ def test_prometheus_listens_on_loopback_by_default() -> None:
 def test_prometheus_host_defaults_to_127_0_0_1_while_the_reader_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The exporter reads OTEL_EXPORTER_PROMETHEUS_HOST (default "localhost", resolved by name) when it starts:
     the bridge makes the unset default 127.0.0.1 for that moment, and leaves an explicit value alone."""
-    from torchelastic_otel import _providers
+    from torchelastic_otel._export import providers
 
     var = "OTEL_EXPORTER_PROMETHEUS_HOST"
     seen: list[str | None] = []
@@ -147,10 +147,10 @@ def test_prometheus_host_defaults_to_127_0_0_1_while_the_reader_starts(monkeypat
     Reader.__module__ = "opentelemetry.exporter.prometheus"
     monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    assert isinstance(_providers.construct("metrics", "prometheus", Reader), Reader)
+    assert isinstance(providers.construct("metrics", "prometheus", Reader), Reader)
     assert seen == ["127.0.0.1"] and var not in os.environ
     monkeypatch.setenv(var, "0.0.0.0")  # configured otherwise: used as is (nothing is bound here)
-    _providers.construct("metrics", "prometheus", Reader)
+    providers.construct("metrics", "prometheus", Reader)
     assert seen == ["127.0.0.1", "0.0.0.0"] and os.environ[var] == "0.0.0.0"
 
 

@@ -34,7 +34,8 @@ from typing import Any
 import pytest
 
 import torchelastic_otel
-from torchelastic_otel import _drainer, _selftelemetry, events, metrics
+from torchelastic_otel._export import drainer as _drainer, selftelemetry
+from torchelastic_otel import events, metrics
 from torchelastic_otel.events import _otel as event_adapter
 
 try:
@@ -52,8 +53,8 @@ def exported(otel: Any, kind: str = "dropped") -> dict[tuple[str, str], int]:
     }
 
 
-def total(signal: str, reason: str, kind: str = _selftelemetry.DROPPED) -> int:
-    return _selftelemetry.total(kind, signal, reason)
+def total(signal: str, reason: str, kind: str = selftelemetry.DROPPED) -> int:
+    return selftelemetry.total(kind, signal, reason)
 
 
 def assert_exported(otel: Any, signal: str, reason: str, at_least: int, before: int) -> int:
@@ -187,10 +188,10 @@ def test_drain_error(otel: Any) -> None:
 
 def test_sanitized_is_exported(otel: Any) -> None:
     events.configure(events.OtelEventHandler(), "rel")
-    before = total("logs", "bytes_decoded", _selftelemetry.SANITIZED)
+    before = total("logs", "bytes_decoded", selftelemetry.SANITIZED)
     events.record("rel.bytes", "rel", {"blob": b"\xff"})
     torchelastic_otel.flush()
-    assert total("logs", "bytes_decoded", _selftelemetry.SANITIZED) == before + 1
+    assert total("logs", "bytes_decoded", selftelemetry.SANITIZED) == before + 1
     assert exported(otel, "sanitized")[("logs", "bytes_decoded")] == before + 1
 
 

@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 from opentelemetry._logs import LogRecord
 
 import torchelastic_otel
-from torchelastic_otel import _attributes, _counting, _drainer, _providers, _selftelemetry, events, metrics, pipeline
+from torchelastic_otel._export import attributes as _attributes, counting, drainer, providers as _providers, selftelemetry
+from torchelastic_otel import events, metrics, pipeline
 from torchelastic_otel.events import Event, EventSource, NodeState
 from torchelastic_otel.events import handlers as te_handlers
 from torchelastic_otel.metrics import api as te_metrics_api
@@ -198,11 +199,11 @@ def _forget_event_loggers() -> None:
 
 
 def lone(signal: str) -> int:
-    return _selftelemetry.total(_selftelemetry.SANITIZED, signal, LONE)
+    return selftelemetry.total(selftelemetry.SANITIZED, signal, LONE)
 
 
 def dropped(signal: str, reason: str) -> int:
-    return _selftelemetry.total(_selftelemetry.DROPPED, signal, reason)
+    return selftelemetry.total(selftelemetry.DROPPED, signal, reason)
 
 
 def _tried_one(kind: str, transport: str, records: int = 1) -> None:
@@ -394,7 +395,7 @@ def test_one_unencodable_log_record_costs_only_itself(bridge: Bridge) -> None:
     _reset(bridge)
     logger = bridge.logger_provider.get_logger("tests.plain_api")
     before = (dropped("logs", "unencodable"), dropped("logs", "export_failed"))
-    with _drainer.paused():  # the bridge's records reach the SDK's queue at the flush: one batch with the others
+    with drainer.paused():  # the bridge's records reach the SDK's queue at the flush: one batch with the others
         tags = set()
         for i in range(6):
             tag = bridge.next_tag()
@@ -473,7 +474,7 @@ def test_a_failure_for_another_reason_drops_nothing_as_unencodable(rx: OtlpRecei
     closed = OtlpReceiver().start()
     port = closed.http_port
     closed.stop()  # nobody listens there now
-    exporter = _counting.wrap_exporter("logs", OTLPLogExporter(endpoint=f"http://127.0.0.1:{port}/v1/logs", timeout=1))
+    exporter = counting.wrap_exporter("logs", OTLPLogExporter(endpoint=f"http://127.0.0.1:{port}/v1/logs", timeout=1))
     provider = LoggerProvider(shutdown_on_exit=False)
     provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
     before = (dropped("logs", "unencodable"), dropped("logs", "export_failed"))

@@ -1,4 +1,4 @@
-"""SIGTERM reaches the bridge while the main thread is blocked in native code (``torchelastic_otel._signals``).
+"""SIGTERM reaches the bridge while the main thread is blocked in native code (``torchelastic_otel._process.signals``).
 
 The child (tests/_signal_child.py) is a worker under the bridge that blocks in a C call no signal interrupts
 (a second ``pthread_mutex_lock``, through ctypes, GIL released): to CPython that is what a rank inside a gloo/NCCL
@@ -190,7 +190,7 @@ def test_an_ignored_sigterm_stays_ignored(child: Any) -> None:
 _FORK_CHILD = r"""
 import os, signal, sys
 sys.path.insert(0, {root!r})
-from torchelastic_otel import _runtime, _signals  # _runtime: the fork hooks, as on the real path
+from torchelastic_otel._process import runtime, signals as _signals  # runtime: the fork hooks, as on the real path
 assert _signals.install(lambda stacks: None, 500)
 ours = signal.set_wakeup_fd(-1); signal.set_wakeup_fd(ours)
 pid = os.fork()

@@ -1,4 +1,4 @@
-"""Every thread's stack at a signal, and the user's line (``torchelastic_otel._stacks``)."""
+"""Every thread's stack at a signal, and the user's line (``torchelastic_otel._process.stacks``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import sys
 import threading
 
-from torchelastic_otel import _stacks
+from torchelastic_otel._process import stacks as _stacks
 
 
 def test_user_frame_skips_the_standard_library() -> None:
@@ -59,7 +59,7 @@ def test_a_process_stopped_while_importing_is_on_its_import_line(tmp_path, monke
     import importlib
     import sys
 
-    from torchelastic_otel import _stacks
+    from torchelastic_otel._process import stacks as _stacks
 
     (tmp_path / "_being_imported.py").write_text(
         "import sys\nfrom torchelastic_otel import _stacks\nFOUND = _stacks.user_frame(sys._getframe())\n"

@@ -17,8 +17,8 @@ import pytest
 
 import torchelastic_otel
 from tests.conftest import wait_for
-from torchelastic_otel import _drainer, _selftelemetry
-from torchelastic_otel._torch import collectives, stalls, steps, training, worker
+from torchelastic_otel._export import drainer as _drainer, selftelemetry
+from torchelastic_otel._torch.worker import collectives, stalls, steps, training, hooks as worker
 from torchelastic_otel._torch.patches import Patches
 
 torch = pytest.importorskip("torch")
@@ -86,11 +86,11 @@ def test_durations_are_the_time_between_steps(fresh: Any) -> None:
 
 
 def test_a_clock_set_back_gives_no_negative_duration(fresh: Any) -> None:
-    before = _selftelemetry.total(_selftelemetry.SANITIZED, reason="step_clock_backwards")
+    before = selftelemetry.total(selftelemetry.SANITIZED, reason="step_clock_backwards")
     steps._pending.extend([(20 * SECOND, 0), (19 * SECOND, 0), (21 * SECOND, 0)])
     steps.drain()
     assert _durations(fresh).count == 1 and _durations(fresh).sum == pytest.approx(2.0)
-    assert _selftelemetry.total(_selftelemetry.SANITIZED, reason="step_clock_backwards") == before + 1
+    assert selftelemetry.total(selftelemetry.SANITIZED, reason="step_clock_backwards") == before + 1
     assert _steps_total(fresh) == 3
 
 
@@ -126,12 +126,12 @@ def test_a_replaced_optimizer_takes_over(fresh: Any, hooked: None) -> None:
 
 def test_a_full_buffer_turns_marks_away_and_counts_them(fresh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(steps, "MAX_PENDING", 3)
-    before = _selftelemetry.total(_selftelemetry.DROPPED, "metrics", "buffer_full")
+    before = selftelemetry.total(selftelemetry.DROPPED, "metrics", "buffer_full")
     for _ in range(5):
         torchelastic_otel.step()
     assert len(steps._pending) == 3
     steps.drain()
-    assert _selftelemetry.total(_selftelemetry.DROPPED, "metrics", "buffer_full") == before + 2
+    assert selftelemetry.total(selftelemetry.DROPPED, "metrics", "buffer_full") == before + 2
     assert _steps_total(fresh) == 3
 
 
@@ -160,10 +160,10 @@ def test_the_stall_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
     assert stalls.threshold_seconds(30.0) == 2.5
     monkeypatch.setenv("TORCHELASTIC_OTEL_STALL_SECONDS", "0")
     assert stalls.threshold_seconds(30.0) == 0.0  # off
-    before = _selftelemetry.total(_selftelemetry.SANITIZED, reason="invalid_stall_seconds")
+    before = selftelemetry.total(selftelemetry.SANITIZED, reason="invalid_stall_seconds")
     monkeypatch.setenv("TORCHELASTIC_OTEL_STALL_SECONDS", "soon")
     assert stalls.threshold_seconds(None) == 120.0
-    assert _selftelemetry.total(_selftelemetry.SANITIZED, reason="invalid_stall_seconds") == before + 1
+    assert selftelemetry.total(selftelemetry.SANITIZED, reason="invalid_stall_seconds") == before + 1
 
 
 def test_the_watchdog_watches_only_an_initialised_process_group() -> None:
@@ -196,7 +196,7 @@ def test_periodic_callbacks_run_on_the_drainer_thread(otel: Any) -> None:
 
 
 def test_a_raising_periodic_callback_is_counted_and_the_drainer_lives_on(otel: Any) -> None:
-    before = _selftelemetry.total(_selftelemetry.DROPPED, "all", "periodic_error")
+    before = selftelemetry.total(selftelemetry.DROPPED, "all", "periodic_error")
     after: list[int] = []
 
     def boom() -> None:
@@ -205,7 +205,7 @@ def test_a_raising_periodic_callback_is_counted_and_the_drainer_lives_on(otel: A
     remove_boom = _drainer.add_periodic(boom, 0.0)
     remove_ok = _drainer.add_periodic(lambda: after.append(1), 0.0)
     try:
-        wait_for(lambda: _selftelemetry.total(_selftelemetry.DROPPED, "all", "periodic_error") > before and after,
+        wait_for(lambda: selftelemetry.total(selftelemetry.DROPPED, "all", "periodic_error") > before and after,
                  timeout=10)  # fmt: skip
     finally:
         remove_boom()

@@ -37,8 +37,9 @@ dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % sys.argv[1], 
 if sys.argv[2] == "no-pickle":
     import torch._C._distributed_c10d as c10d
     del c10d._dump_fr_trace  # as in a release without it
-from torchelastic_otel import _compat, _selftelemetry
-from torchelastic_otel._torch import collectives
+from torchelastic_otel import _compat
+from torchelastic_otel._export import selftelemetry
+from torchelastic_otel._torch.worker import collectives
 t = torch.ones(1)
 for _ in range(3):
     dist.all_reduce(t)
@@ -52,7 +53,7 @@ out = {
     "entries": len(full["entries"]) if full and full.get("entries") else 0,
     "groups": [[g.name, g.key, g.last_enqueued, g.last_completed, g.pending] for g in collectives.status()],
     "summary": collectives.summary(),
-    "fallbacks": {r: n for (_, _, r), n in _selftelemetry.snapshot(_selftelemetry.FALLBACK).items()},
+    "fallbacks": {r: n for (_, _, r), n in selftelemetry.snapshot(selftelemetry.FALLBACK).items()},
 }
 sys.stdout.write(json.dumps(out, default=str) + "\n")
 sys.stdout.flush()

@@ -106,13 +106,13 @@ def test_put_metric_goes_through_a_wrapped_get_stream_and_add_value(prefix: str)
 
 def test_a_raising_get_stream_patch_is_counted_not_raised() -> None:
     """The bridge's promise on top of torch's: telemetry never raises into the job."""
-    from torchelastic_otel import _selftelemetry
+    from torchelastic_otel._export import selftelemetry
     from torchelastic_otel.metrics import api
 
-    before = _selftelemetry.total(_selftelemetry.DROPPED, reason="handler_error")
+    before = selftelemetry.total(selftelemetry.DROPPED, reason="handler_error")
     with mock.patch.object(api, "getStream", side_effect=RuntimeError("broken wrapper")):
         api.put_metric("x", 1)
-    assert _selftelemetry.total(_selftelemetry.DROPPED, reason="handler_error") == before + 1
+    assert selftelemetry.total(selftelemetry.DROPPED, reason="handler_error") == before + 1
 
 
 def _events(prefix: str):  # type: ignore[no-untyped-def]

@@ -154,7 +154,7 @@ def derived_ids(run_id: str) -> tuple[str, str]:
     """(trace id, span id) of the synthetic parent the bridge derives from a run id."""
     from opentelemetry import trace
 
-    from torchelastic_otel._torch import lifecycle
+    from torchelastic_otel._torch.agent import lifecycle
 
     ctx = lifecycle.run_parent_context(run_id)
     assert ctx is not None, f"no parent derived from run id {run_id!r}"
@@ -732,7 +732,7 @@ def _torch_state() -> dict[str, Any]:
     from torch.distributed.elastic.metrics import api as torch_metrics
     from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous
 
-    from torchelastic_otel._install import worker_environ
+    from torchelastic_otel._torch.worker_env import worker_environ
 
     state: dict[str, Any] = {
         "_log_handlers": dict(torch_handlers._log_handlers),

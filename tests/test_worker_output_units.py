@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from torchelastic_otel import _selftelemetry
-from torchelastic_otel._torch import worker_logging
-from torchelastic_otel._torch.output_lines import TAIL_LINES, Limits, Lines
+from torchelastic_otel._export import selftelemetry
+from torchelastic_otel._torch.worker import log_records as worker_logging
+from torchelastic_otel._torch.output.lines import TAIL_LINES, Limits, Lines
 from torchelastic_otel._torch.patches import Patches
 
 
@@ -34,7 +34,7 @@ def data(lines: list[Any]) -> list[bytes]:
 
 
 def counted(kind: str, reason: str) -> int:
-    return _selftelemetry.total(kind, "logs", reason)
+    return selftelemetry.total(kind, "logs", reason)
 
 
 # ---- output_lines ----------------------------------------------------------------------------------------------
@@ -51,7 +51,7 @@ def test_lines_are_what_a_terminal_shows() -> None:
 
 
 def test_long_lines_are_cut_on_a_character_boundary_and_counted() -> None:
-    before = counted(_selftelemetry.SANITIZED, "line_truncated")
+    before = counted(selftelemetry.SANITIZED, "line_truncated")
     lines = Lines(Limits(max_line=16, rate=0))
     text = "é" * 20  # 2 bytes a character: byte 16 is the start of one
     got = lines.feed("stdout", ("x" + text + "\n").encode())
@@ -60,11 +60,11 @@ def test_long_lines_are_cut_on_a_character_boundary_and_counted() -> None:
     for _ in range(100):
         assert lines.feed("stdout", b"y" * 10) == []
     assert data(lines.feed("stdout", b"end\nnext\n")) == [b"y" * 16, b"next"]
-    assert counted(_selftelemetry.SANITIZED, "line_truncated") == before + 2
+    assert counted(selftelemetry.SANITIZED, "line_truncated") == before + 2
 
 
 def test_the_rate_limit_keeps_the_tail_and_counts_every_other_line() -> None:
-    before = counted(_selftelemetry.DROPPED, "rate_limited")
+    before = counted(selftelemetry.DROPPED, "rate_limited")
     lines = Lines(Limits(rate=0.001, burst=5))  # 5 lines, then (practically) none
     chunk = b"".join(b"line %d\n" % n for n in range(1000))
     admitted = lines.feed("stdout", b"first " + chunk[:3])  # the unfinished line joins the first admitted one
@@ -74,7 +74,7 @@ def test_the_rate_limit_keeps_the_tail_and_counts_every_other_line() -> None:
     assert data(admitted) == [b"first line 0", b"line 1", b"line 2", b"line 3", b"line 4"]
     assert len(tail) == TAIL_LINES and data(tail)[-1] == b"last, unfinished"
     assert data(tail)[0] == b"line %d" % (1000 - TAIL_LINES + 1)
-    dropped = counted(_selftelemetry.DROPPED, "rate_limited") - before
+    dropped = counted(selftelemetry.DROPPED, "rate_limited") - before
     assert len(admitted) + len(tail) + dropped == 1001  # every line returned or counted
 
 
@@ -87,12 +87,12 @@ def test_when_no_line_is_admitted_the_unfinished_line_joins_the_first_dropped_on
 
 
 def test_output_lost_before_the_record_process_is_counted_and_never_glued() -> None:
-    before = counted(_selftelemetry.DROPPED, "output_backlog_full")
+    before = counted(selftelemetry.DROPPED, "output_backlog_full")
     lines = Lines(Limits(rate=0))
     lines.feed("stdout", b"start of a line whose end was lost")
     lines.lost("stdout", 3, midline=True)  # 3 lines lost, and what comes next starts inside a line
     assert data(lines.feed("stdout", b"rest of a line\nwhole\n")) == [b"whole"]
-    assert counted(_selftelemetry.DROPPED, "output_backlog_full") == before + 4
+    assert counted(selftelemetry.DROPPED, "output_backlog_full") == before + 4
 
 
 # ---- worker_logging --------------------------------------------------------------------------------------------

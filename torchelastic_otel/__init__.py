@@ -22,7 +22,7 @@ _HOMES = {
     "flush": "torchelastic_otel.pipeline",
     "shutdown": "torchelastic_otel.pipeline",
     "get_pipeline": "torchelastic_otel.pipeline",
-    "step": "torchelastic_otel._torch.steps",
+    "step": "torchelastic_otel._torch.worker.steps",
 }
 
 

@@ -15,14 +15,14 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from torchelastic_otel import _selftelemetry
+from torchelastic_otel._export import selftelemetry
 
 _logger = logging.getLogger("torchelastic_otel")
 
 
 def _fallback(reason: str, detail: object = "") -> None:
-    _selftelemetry.count(_selftelemetry.FALLBACK, "all", reason)
-    if _selftelemetry.total(_selftelemetry.FALLBACK, reason=reason) == 1:
+    selftelemetry.count(selftelemetry.FALLBACK, "all", reason)
+    if selftelemetry.total(selftelemetry.FALLBACK, reason=reason) == 1:
         _logger.warning("torchelastic_otel: %s unavailable (%s); using a fallback", reason, detail)
 
 
@@ -328,7 +328,7 @@ def threads_start_at_exit() -> bool:
         if refused:
             # Counted, not logged: a known limit of two Python releases, and a warning would add a line to every
             # worker's console there (the bridge changes nothing but the telemetry).
-            _selftelemetry.count(_selftelemetry.FALLBACK, "all", "threads_at_exit")
+            selftelemetry.count(selftelemetry.FALLBACK, "all", "threads_at_exit")
         _THREADS_AT_EXIT.append(not refused)
     return _THREADS_AT_EXIT[0]
 

@@ -54,7 +54,7 @@ def _role() -> "str | None":
 
 def _capture_output() -> None:
     try:
-        from torchelastic_otel._torch import output
+        from torchelastic_otel._torch.output import capture as output
 
         output.start()
     except Exception as exc:  # the worker must start regardless, its output untouched

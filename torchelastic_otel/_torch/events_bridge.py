@@ -50,9 +50,9 @@ def _rdzv_recorder(handler: logging.Handler):  # type: ignore[no-untyped-def]
             )
             event_adapter.export_event(event)
         except Exception:  # a rendezvous must never fail because of telemetry
-            from torchelastic_otel import _selftelemetry
+            from torchelastic_otel._export import selftelemetry
 
-            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "rdzv_event_error")
+            selftelemetry.count(selftelemetry.DROPPED, "logs", "rdzv_event_error")
             return
         torch_handler = torch_events.get_logging_handler("dynamic_rendezvous")
         if torch_handler is not handler and not isinstance(torch_handler, logging.NullHandler):
@@ -68,9 +68,9 @@ def _torch_event(torch_events: Any, event: Any) -> Any:
     try:
         return torch_events.RdzvEvent(**{field: getattr(event, field) for field in _RDZV_FIELDS})
     except Exception:
-        from torchelastic_otel import _selftelemetry
+        from torchelastic_otel._export import selftelemetry
 
-        _selftelemetry.count(_selftelemetry.FALLBACK, "logs", "torch_rdzv_event")
+        selftelemetry.count(selftelemetry.FALLBACK, "logs", "torch_rdzv_event")
         return event
 
 

@@ -95,9 +95,9 @@ def deliver(directory: str | None, logger: Any, tracer: Any = None) -> int:
         try:
             sent += _send(path, logger, tracer)
         except Exception:
-            from torchelastic_otel import _selftelemetry
+            from torchelastic_otel._export import selftelemetry
 
-            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "final_words_unreadable")
+            selftelemetry.count(selftelemetry.DROPPED, "logs", "final_words_unreadable")
             _logger.debug("torchelastic_otel: could not send %s", path, exc_info=True)
         finally:
             delivered(path)

@@ -88,9 +88,9 @@ def _run(name: str, callback: "Callback", module: "ModuleType") -> None:
         try:
             import logging
 
-            from torchelastic_otel import _selftelemetry
+            from torchelastic_otel._export import selftelemetry
 
-            _selftelemetry.count(_selftelemetry.DROPPED, "all", "import_hook_error")
+            selftelemetry.count(selftelemetry.DROPPED, "all", "import_hook_error")
             logging.getLogger("torchelastic_otel").debug("callback after importing %s failed", name, exc_info=True)
         except Exception:
             pass

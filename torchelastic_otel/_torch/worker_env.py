@@ -179,9 +179,9 @@ def _enter_worker_trace(_module: "Any") -> None:
 
 
 def _bridge_torch_module(module: "Any") -> None:
-    from torchelastic_otel import _install
+    from torchelastic_otel._torch import torch_bridge
 
-    _install.bridge_torch_module(module.__name__)
+    torch_bridge.bridge_torch_module(module)
 
 
 def worker_metadata() -> "dict[str, Any]":
@@ -196,3 +196,38 @@ def worker_metadata() -> "dict[str, Any]":
         "restart_count": env.get("TORCHELASTIC_RESTART_COUNT"),
         "worker_pid": os.getpid(),
     }
+
+
+# ---- what the workers an agent of this process starts get in their environment ------------------------------
+
+#: What the workers an agent of this process starts get in their environment: var -> (value, prepend to a path list).
+#: Never put in this process's ``os.environ``: the agent's wrapper of ``_start_workers`` applies it only while the
+#: workers start (``worker_environ``), so a process that launches in-process keeps its environment as it was.
+_for_workers: "dict[str, tuple[str, bool]]" = {}
+
+
+def prepend_env_path(patches: "Any", var: str, entry: str) -> None:
+    """The workers get ``entry`` first on the path list ``var`` (their own value of it, from this process's)."""
+    _for_workers[var] = (entry, True)
+    patches.on_restore(lambda: _for_workers.pop(var, None))
+
+
+def set_env(patches: "Any", var: str, value: str) -> None:
+    """The workers get ``var=value``."""
+    _for_workers[var] = (value, False)
+    patches.on_restore(lambda: _for_workers.pop(var, None))
+
+
+def worker_environ() -> dict[str, str]:
+    """The variables to give the workers starting now, against this process's environment as it is now (a path
+    entry goes first, also where it is further down: e.g. behind OpenTelemetry's auto-instrumentation directory,
+    which ``opentelemetry-instrument`` puts back in front of ``PYTHONPATH``)."""
+    out: dict[str, str] = {}
+    for var, (value, prepend) in list(_for_workers.items()):
+        if prepend:
+            current = os.environ.get(var)
+            parts = [part for part in (current.split(os.pathsep) if current else []) if part != value]
+            out[var] = os.pathsep.join([value, *parts])
+        else:
+            out[var] = value
+    return out

@@ -21,8 +21,8 @@ import sys
 import traceback
 from typing import Any
 
-from torchelastic_otel import _selftelemetry
-from torchelastic_otel._attributes import safe_str
+from torchelastic_otel._export import selftelemetry
+from torchelastic_otel._export.attributes import safe_str
 from torchelastic_otel.events._otel import OtelEventHandler, OtelLoggingHandler
 from torchelastic_otel.events.api import (  # noqa: F401
     DEFAULT_EVENT_TYPE,
@@ -40,6 +40,7 @@ from torchelastic_otel.events.api import (  # noqa: F401
     record_event,
 )
 from torchelastic_otel.events.handlers import get_logging_handler
+from torchelastic_otel.events import api
 
 __all__ = [
     "Event",
@@ -109,7 +110,7 @@ def _record_to(event: Event | RdzvEvent, destination: str) -> None:
     try:
         message = event.serialize()
     except Exception:  # unserializable metadata, or a user's container raising: never into the caller
-        _selftelemetry.count(_selftelemetry.DROPPED, "logs", "not_serializable")
+        selftelemetry.count(selftelemetry.DROPPED, "logs", "not_serializable")
         return
     record = logger.makeRecord(logger.name, logging.INFO, "(unknown file)", 0, message, None, None)
     if logger.filter(record):
@@ -143,9 +144,12 @@ def record(
     if event_type is None:
         event_type = DEFAULT_EVENT_TYPE if destination is _UNSET else destination
     if not isinstance(name, str):
-        _selftelemetry.count(_selftelemetry.SANITIZED, "logs", "event_name_not_str")
+        selftelemetry.count(selftelemetry.SANITIZED, "logs", "event_name_not_str")
         name = "" if name is None else safe_str(name)
     record_event(Event(name, type=safe_str(event_type), metadata=metadata))
+
+
+api.record = record  # the legacy API's ``events.api.record`` (declared there)
 
 
 def record_rdzv_event(event: RdzvEvent) -> None:

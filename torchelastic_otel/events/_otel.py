@@ -31,7 +31,8 @@ from typing import Any
 from opentelemetry import context, trace
 from opentelemetry._logs import NoOpLogger, SeverityNumber
 
-from torchelastic_otel import _attributes, _drainer, _selftelemetry, pipeline
+from torchelastic_otel._export import attributes as _attributes, drainer as _drainer, selftelemetry
+from torchelastic_otel import pipeline
 from torchelastic_otel.events.api import Event, EventHandler, RdzvEvent
 from torchelastic_otel.version import __version__
 
@@ -201,7 +202,7 @@ def to_log_fields(event: Event | RdzvEvent, now: int | None = None) -> dict[str,
         if not 0 < timestamp < 2**63:
             raise ValueError
     except (TypeError, ValueError, OverflowError):
-        _selftelemetry.count(_selftelemetry.SANITIZED, "logs", "timestamp_invalid")
+        selftelemetry.count(selftelemetry.SANITIZED, "logs", "timestamp_invalid")
         timestamp = now
     name = event.name if isinstance(event.name, str) and event.name else "torchelastic.event"
     event_name = _attributes.attribute_value(name)
@@ -252,7 +253,7 @@ class _EventBuffer(_drainer.Buffer):
     """Events on their way to the SDK's ``Logger.emit``.
 
     The SDK's record construction alone costs about half of torch's whole null ``record``, so the caller only
-    appends ``(event, time, context)`` here; the drainer (``torchelastic_otel._drainer``) converts and emits them
+    appends ``(event, time, context)`` here; the drainer (``torchelastic_otel._export.drainer``) converts and emits them
     off the caller's thread, and every flush drains first. The caller's context is kept, so each record still
     carries the trace and span ids that were current when the event was recorded.
     """
@@ -292,7 +293,7 @@ class _EventBuffer(_drainer.Buffer):
                     logger.emit(context=ctx, **(fields if fields is not None else to_log_fields(event, now)))
                     emitted += 1
                 except Exception as exc:
-                    _selftelemetry.count(_selftelemetry.DROPPED, "logs", "conversion_error")
+                    selftelemetry.count(selftelemetry.DROPPED, "logs", "conversion_error")
                     _logger.debug("torchelastic_otel: event dropped: %s", exc, exc_info=True)
             return emitted
 
@@ -328,7 +329,7 @@ def export_event(event: Event | RdzvEvent, extra_attributes: dict[str, Any] | No
         if enabled:
             _buffer.submit((_snapshot(event) if fields is None else None, fields, now, context.get_current()))
     except Exception as exc:  # telemetry never raises into the job
-        _selftelemetry.count(_selftelemetry.DROPPED, "logs", "conversion_error")
+        selftelemetry.count(selftelemetry.DROPPED, "logs", "conversion_error")
         _logger.debug("torchelastic_otel: event dropped: %s", exc, exc_info=True)
 
 
@@ -378,7 +379,7 @@ class OtelLoggingHandler(logging.Handler):
                     )
             export_event(event)
         except Exception:
-            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "conversion_error")
+            selftelemetry.count(selftelemetry.DROPPED, "logs", "conversion_error")
 
     def export(self, event: Event | RdzvEvent) -> None:
         """Export an event object directly (the fast path of the bridge's ``record``)."""
@@ -401,4 +402,4 @@ class OtelEventHandler(EventHandler):
             try:
                 self.delegate.record(event)
             except Exception:
-                _selftelemetry.count(_selftelemetry.DROPPED, "logs", "delegate_error")
+                selftelemetry.count(selftelemetry.DROPPED, "logs", "delegate_error")

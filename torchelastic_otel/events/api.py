@@ -15,6 +15,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from collections.abc import Callable
 from typing import Any, Union
 
 __all__ = [
@@ -227,17 +228,13 @@ def record_event(event: Event) -> None:
     try:
         handler.record(event)
     except Exception as exc:
-        from torchelastic_otel import _selftelemetry
+        from torchelastic_otel._export import selftelemetry
 
-        _selftelemetry.count(_selftelemetry.DROPPED, "logs", "handler_error")
+        selftelemetry.count(selftelemetry.DROPPED, "logs", "handler_error")
         logging.getLogger("torchelastic_otel").debug("event handler failed: %s", exc, exc_info=True)
 
 
-def __getattr__(name: str) -> Any:
-    """``record`` is the package's function (it needs torch's destinations, defined there); resolved on first use
-    so that ``from torchelastic_otel.events.api import record`` gets that very function."""
-    if name == "record":
-        from torchelastic_otel.events import record
-
-        return record
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: ``record`` of the legacy ``torchelastic.events.api``: the package's function (torch's form and the legacy one; it
+#: needs torch's destinations, defined above this module). ``torchelastic_otel.events``, which Python imports before
+#: this module, sets it, so ``from torchelastic_otel.events.api import record`` gets that very function.
+record: Callable[..., None]

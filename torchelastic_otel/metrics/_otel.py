@@ -3,7 +3,7 @@
 ``emit`` is on the job's hot path (torch's agent calls it ~40 times a second, users may call it per step), and an
 SDK instrument call costs ~10x torch's whole null ``put_metric``. So ``emit`` only appends the ``MetricData`` to a
 bounded buffer; the values reach the SDK instruments (chosen by the rule table in :mod:`.rules`) from a background
-drainer (``torchelastic_otel._drainer``): every 0.5 s, at the start of every metric collection, and at every
+drainer (``torchelastic_otel._export.drainer``): every 0.5 s, at the start of every metric collection, and at every
 flush. A full buffer drops the newest value and counts it; nothing blocks the caller.
 
 A metric's group and name become the instrument name and its attributes; both are made encodable first
@@ -19,7 +19,8 @@ import math
 import time
 from typing import Any, Callable
 
-from torchelastic_otel import _attributes, _drainer, _selftelemetry, pipeline
+from torchelastic_otel._export import attributes as _attributes, drainer as _drainer, selftelemetry
+from torchelastic_otel import pipeline
 from torchelastic_otel.metrics.api import MetricData, MetricHandler
 from torchelastic_otel.metrics.rules import DEFAULT_RULES, DURATION_BUCKETS_S, Binding, MetricRule, resolve
 from torchelastic_otel.version import __version__
@@ -113,7 +114,7 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
         # drains the buffer, so even the first collection (e.g. a Prometheus scrape before the drainer's first
         # run) sees every value put before it.
         if meter_provider is not None:
-            _selftelemetry.instrument(meter_provider)
+            selftelemetry.instrument(meter_provider)
         else:
             pipeline.prepare()
         _drainer.register(self)
@@ -195,14 +196,14 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
                     self._bound[key] = bound
             value = _number(data.value)
             if value is None:
-                _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "non_numeric_value")
+                selftelemetry.count(selftelemetry.DROPPED, "metrics", "non_numeric_value")
                 return None, None
             if bound.non_negative and value < 0:
-                _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "negative_value")
+                selftelemetry.count(selftelemetry.DROPPED, "metrics", "negative_value")
                 return None, None
             return bound, (value * bound.scale if bound.scale != 1.0 else value)
         except Exception as exc:
-            _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "record_error")
+            selftelemetry.count(selftelemetry.DROPPED, "metrics", "record_error")
             _logger.debug("torchelastic_otel: metric dropped: %s", exc, exc_info=True)
             return None, None
 
@@ -211,20 +212,20 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
         try:
             bound.call(value, bound.attributes)
         except Exception as exc:
-            _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "record_error")
+            selftelemetry.count(selftelemetry.DROPPED, "metrics", "record_error")
             _logger.debug("torchelastic_otel: metric dropped: %s", exc, exc_info=True)
 
     def _ensure_meter(self) -> None:
         if self._meter_provider is not None:
             if self._meter is None:
                 self._meter = self._meter_provider.get_meter("torchelastic_otel", __version__)
-                _selftelemetry.instrument(self._meter_provider)
+                selftelemetry.instrument(self._meter_provider)
             return
         generation = pipeline._generation[0]
         if self._meter is None or generation != self._generation:
             provider = pipeline.get_pipeline().meter_provider
             self._meter = provider.get_meter("torchelastic_otel", __version__)
-            _selftelemetry.instrument(provider)
+            selftelemetry.instrument(provider)
             self._instruments.clear()
             self._bound.clear()
             self._generation = generation

@@ -17,7 +17,7 @@ from collections import namedtuple
 from functools import wraps
 from typing import Any
 
-from torchelastic_otel import _selftelemetry
+from torchelastic_otel._export import selftelemetry
 
 __all__ = [
     "MetricsConfig",
@@ -95,7 +95,7 @@ def _emit(handler: MetricHandler, data: MetricData) -> None:
 
 
 def _handler_failed(exc: Exception) -> None:
-    _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "handler_error")
+    selftelemetry.count(selftelemetry.DROPPED, "metrics", "handler_error")
     logging.getLogger("torchelastic_otel").debug("metric handler failed: %s", exc, exc_info=True)
 
 

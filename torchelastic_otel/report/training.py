@@ -1,6 +1,6 @@
 """What the report says about a job's training: stragglers, stalled ranks, and the ranks missing from a collective.
 
-From the workers' own telemetry (``torchelastic_otel._torch.steps`` / ``collectives`` / ``stalls``):
+From the workers' own telemetry (``torchelastic_otel._torch.worker.steps`` / ``collectives`` / ``stalls``):
 
 - **stragglers**: each worker's mean *arrival* (``torchelastic.worker.step.arrival``: from the start of a step to
   its enqueueing of the step's last collective) against the median of the ranks of the same attempt, on every node

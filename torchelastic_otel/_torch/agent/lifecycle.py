@@ -36,7 +36,8 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from torchelastic_otel import _attributes, _compat, _selftelemetry, pipeline
+from torchelastic_otel._export import attributes as _attributes, selftelemetry
+from torchelastic_otel import _compat, pipeline
 from torchelastic_otel._torch import final_words, root_cause
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.events import _otel as event_adapter
@@ -111,7 +112,7 @@ def _safe(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
     except Exception:
-        _selftelemetry.count(_selftelemetry.DROPPED, "traces", "lifecycle_error")
+        selftelemetry.count(selftelemetry.DROPPED, "traces", "lifecycle_error")
         return None
 
 
@@ -244,7 +245,7 @@ def _wrap_start(orig: Callable[..., Any]) -> Callable[..., Any]:
 def _worker_env(parent: trace.Span) -> dict[str, str | None]:
     """What the workers starting now get in their environment (``None``: not set for them): the attempt's trace
     context, where to write their failures, and what ``install()`` hands down (the bootstrap on ``PYTHONPATH``)."""
-    from torchelastic_otel._install import worker_environ
+    from torchelastic_otel._torch.worker_env import worker_environ
 
     carrier: dict[str, str] = {}
     _propagator.inject(carrier, context=trace.set_span_in_context(parent))

@@ -24,7 +24,8 @@ import threading
 import time
 from typing import Any
 
-from torchelastic_otel import _drainer, _selftelemetry, pipeline
+from torchelastic_otel._export import drainer as _drainer, selftelemetry
+from torchelastic_otel import pipeline
 from torchelastic_otel.metrics.rules import DURATION_BUCKETS_S
 from torchelastic_otel.version import __version__
 
@@ -81,7 +82,7 @@ class _Clock:
             return None
         duration = (time_ns - previous) / 1e9
         if duration < 0:  # the wall clock was set back
-            _selftelemetry.count(_selftelemetry.SANITIZED, "metrics", "step_clock_backwards")
+            selftelemetry.count(selftelemetry.SANITIZED, "metrics", "step_clock_backwards")
             return None
         self.durations.append(duration)
         return duration
@@ -176,7 +177,7 @@ class _StepBuffer(_drainer.Buffer):
             for duration in durations:
                 meters.duration.record(duration)
         except Exception as exc:
-            _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "record_error")
+            selftelemetry.count(selftelemetry.DROPPED, "metrics", "record_error")
             _logger.debug("torchelastic_otel: step metrics dropped: %s", exc, exc_info=True)
 
     def after_fork_in_child(self) -> None:
@@ -238,4 +239,4 @@ def drain() -> None:
     try:
         _buffer.drain()
     except Exception:
-        _selftelemetry.count(_selftelemetry.DROPPED, "metrics", "drain_error")
+        selftelemetry.count(selftelemetry.DROPPED, "metrics", "drain_error")

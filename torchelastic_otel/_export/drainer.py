@@ -18,7 +18,7 @@ import time
 import weakref
 from typing import Any, Callable, Iterator, Protocol
 
-from torchelastic_otel import _selftelemetry
+from torchelastic_otel._export import selftelemetry
 
 __all__ = [
     "Drainable", "Buffer", "register", "enable", "drain_all", "discard_all", "paused", "interval", "add_periodic",
@@ -58,7 +58,7 @@ class Buffer:
         """Count what the full buffer turned away since the last drain (``buffer_full``)."""
         overflow, self._overflow = self._overflow, 0
         if overflow:
-            _selftelemetry.count(_selftelemetry.DROPPED, self.signal, "buffer_full", overflow)
+            selftelemetry.count(selftelemetry.DROPPED, self.signal, "buffer_full", overflow)
 
     def discard(self, reason: str) -> int:
         """Forget what is buffered, counted as dropped with ``reason`` (the process ends before it could go)."""
@@ -66,7 +66,7 @@ class Buffer:
         self._pending.clear()
         self._overflow = 0
         if lost:
-            _selftelemetry.count(_selftelemetry.DROPPED, self.signal, reason, lost)
+            selftelemetry.count(selftelemetry.DROPPED, self.signal, reason, lost)
         return lost
 
     def after_fork_in_child(self) -> None:
@@ -161,7 +161,7 @@ def _run_periodic() -> None:
             try:
                 entry[0]()
             except Exception:
-                _selftelemetry.count(_selftelemetry.DROPPED, "all", "periodic_error")
+                selftelemetry.count(selftelemetry.DROPPED, "all", "periodic_error")
 
 
 @contextlib.contextmanager
@@ -196,7 +196,7 @@ def drain_all(deadline: float | None = None, signal: str | None = None) -> bool:
             try:
                 buffer.drain(deadline)
             except Exception:
-                _selftelemetry.count(_selftelemetry.DROPPED, "all", "drain_error")
+                selftelemetry.count(selftelemetry.DROPPED, "all", "drain_error")
             if deadline is not None and time.monotonic() >= deadline:
                 complete = False
                 break
@@ -217,7 +217,7 @@ def discard_all(reason: str) -> int:
         try:
             dropped += buffer.discard(reason)
         except Exception:
-            _selftelemetry.count(_selftelemetry.DROPPED, "all", "drain_error")
+            selftelemetry.count(selftelemetry.DROPPED, "all", "drain_error")
     return dropped
 
 
@@ -245,4 +245,4 @@ def restart() -> None:
         _start()
 
 
-_selftelemetry.add_before_collect(_drain_before_collect)
+selftelemetry.add_before_collect(_drain_before_collect)

@@ -20,7 +20,7 @@ progress bars change; C stdio block-buffers native code's output, which then sho
 crashed worker), it is one launcher route's only (not ``opentelemetry-instrument``'s or a custom launcher's), and
 the agent's one process, its monitor loop included, would do every worker's line work.
 
-The worker's exit and its SIGTERM (``_runtime``'s signal hook) first let the pass-through process catch up with
+The worker's exit and its SIGTERM (``runtime``'s signal hook) first let the pass-through process catch up with
 everything written so far (:func:`sync`), so a worker's last lines are on the console before the agent reports its
 end. A worker that ends with ``os._exit`` or SIGKILL loses nothing either: the pipes are drained to their end.
 
@@ -42,12 +42,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from torchelastic_otel import _runtime, _stacks
-from torchelastic_otel._config import EXIT_TIMEOUT_MILLIS, sdk_disabled
+from torchelastic_otel._process import runtime, stacks as _stacks
+from torchelastic_otel._settings import EXIT_TIMEOUT_MILLIS, sdk_disabled
 from torchelastic_otel._torch.worker_env import is_torchrun_worker
 
 if TYPE_CHECKING:
-    from torchelastic_otel._torch.output_lines import Limits
+    from torchelastic_otel._torch.output.lines import Limits
 
 __all__ = ["start", "sync", "capturing", "ENABLE_ENV", "CAPTURED_ENV"]
 
@@ -108,7 +108,7 @@ def start() -> bool:
 
 
 def _start() -> bool:
-    from torchelastic_otel._torch.output_lines import Limits
+    from torchelastic_otel._torch.output.lines import Limits
 
     limits = Limits.from_env()
     opened: list[int] = []
@@ -145,7 +145,7 @@ def _start() -> bool:
     _capture.append(_Capture(worker_pid, passthrough_pid, control))
     os.environ[CAPTURED_ENV] = f"{passthrough_pid},{records_pid}"
     atexit.register(_at_exit)  # registered first: runs after the bridge's own exit handler
-    _runtime.add_signal_hook(_on_signal)
+    runtime.add_signal_hook(_on_signal)
     return True
 
 
@@ -163,7 +163,7 @@ def _fork(child: Callable[[], object]) -> int:
 def _run_records(opened: list[int], sockets: tuple[socket.socket, socket.socket], frames_read: int, worker_pid: int,
                  limits: Limits) -> None:  # fmt: skip
     """The record process keeps only the read end of the frames pipe."""
-    from torchelastic_otel._torch.output_records import serve
+    from torchelastic_otel._torch.output.records import serve
 
     for sock in sockets:
         sock.close()
@@ -177,7 +177,7 @@ def _run_passthrough(channels: list[tuple[int, int, int, int]], opened: list[int
                      sockets: tuple[socket.socket, socket.socket], frames_write: int) -> None:  # fmt: skip
     """The pass-through process keeps the reading ends, copies of the original fds 1 and 2, its end of the
     control socket and the write end of the frames pipe."""
-    from torchelastic_otel._torch.output_passthrough import Channel, serve
+    from torchelastic_otel._torch.output.passthrough import Channel, serve
 
     control, passthrough_control = sockets
     control.close()

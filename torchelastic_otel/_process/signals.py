@@ -35,7 +35,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from torchelastic_otel import _compat, _stacks
+from torchelastic_otel import _compat
+from torchelastic_otel._process import stacks as _stacks
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -145,7 +146,7 @@ class _Watcher:
 
     def _final_words(self, main_frame: FrameType | None) -> None:
         """Stacks, the terminated record and a flush -- all within the bound, in a helper thread."""
-        from torchelastic_otel._bounded import run_bounded
+        from torchelastic_otel._export.bounded import run_bounded
 
         try:
             stacks = _stacks.capture(main_frame)

@@ -3,7 +3,7 @@
 - Each span, log record and metric exporter the bridge builds is wrapped (``wrap_exporter``): a failed export
   counts its items as dropped (``torchelastic_otel.dropped {signal, reason="export_failed"}``) and tells
   ``_health`` what is in flight, so a flush can stop waiting for the OTLP exporters' 10 s of retries. Exports keep
-  out of the moment a process forks (``_forkgate``); in a forked child the parent's exporters do nothing.
+  out of the moment a process forks (``forkgate``); in a forked child the parent's exporters do nothing.
 - One unencodable item never costs the rest of its batch. The OTLP encoders fail a whole export on one string
   UTF-8 cannot encode (a lone surrogate, e.g. a non-UTF-8 file name through ``surrogateescape``), one log body
   of a type ``AnyValue`` has no form for, or one integer beyond int64 -- the gRPC exporter raises, the HTTP
@@ -24,8 +24,10 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
-from torchelastic_otel import _compat, _forkgate, _health, _selftelemetry
-from torchelastic_otel._health import ExportHealth
+from torchelastic_otel import _compat
+from torchelastic_otel._process import forkgate
+from torchelastic_otel._export import health as _health, selftelemetry
+from torchelastic_otel._export.health import ExportHealth
 
 def _failed(result: Any) -> bool:
     return getattr(result, "name", None) == "FAILURE"
@@ -55,9 +57,9 @@ def _exporting(
     """
     if os.getpid() != pid:
         if signal != "metrics" and count:
-            _selftelemetry.count(_selftelemetry.DROPPED, signal, "forked_child", count)
+            selftelemetry.count(selftelemetry.DROPPED, signal, "forked_child", count)
         return None
-    gate = _forkgate.gate
+    gate = forkgate.gate
     gate.enter()
     token = health.begin(signal, count)
     ok = False
@@ -83,7 +85,7 @@ def _exporting(
         health.end(token, ok)
         gate.leave()
         if not ok and lost:
-            _selftelemetry.count(_selftelemetry.DROPPED, signal, "export_failed", lost)
+            selftelemetry.count(selftelemetry.DROPPED, signal, "export_failed", lost)
 
 
 # ---- unencodable items ---------------------------------------------------------------------------------------
@@ -204,7 +206,7 @@ def _salvage_items(signal: str, batch: Any, export: Callable[[Any], Any]) -> Res
     dropped = len(batch) - len(keep)
     if not dropped:
         return None
-    _selftelemetry.count(_selftelemetry.DROPPED, signal, _UNENCODABLE, dropped)
+    selftelemetry.count(selftelemetry.DROPPED, signal, _UNENCODABLE, dropped)
     if not keep:
         return 0, lambda: _success(signal)
     return len(keep), lambda: export(keep)
@@ -241,7 +243,7 @@ def _salvage_metrics(metrics_data: Any, export: Callable[[Any], Any]) -> Rest:
     except Exception:
         return None
     if dropped:
-        _selftelemetry.count(_selftelemetry.DROPPED, "metrics", _UNENCODABLE, dropped)
+        selftelemetry.count(selftelemetry.DROPPED, "metrics", _UNENCODABLE, dropped)
     if not resource_metrics:
         return 0, lambda: MetricExportResult.SUCCESS
     return kept, lambda: export(salvaged)
@@ -388,7 +390,7 @@ def counting_batch_processor(base: type, signal: str) -> type:
                 return None  # not exported anyway
             state = _compat.batch_queue(self)
             shut = state is not None and state.shut_down
-            _selftelemetry.count(_selftelemetry.DROPPED, signal, "after_shutdown" if shut else "queue_full")
+            selftelemetry.count(selftelemetry.DROPPED, signal, "after_shutdown" if shut else "queue_full")
             return None
         return getattr(base, method)(self, item)
 

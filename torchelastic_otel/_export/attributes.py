@@ -4,7 +4,7 @@ OpenTelemetry attribute values must be str, bool, int (64-bit), float or homogen
 else is dropped by the SDK with a warning, and an out-of-range int fails the whole export batch in the protobuf
 encoder. Users' metadata is arbitrary (nested dicts, bytes, self-referencing containers, huge strings), so every
 value is made valid here, keys are namespaced so metadata can never pose as resource or semantic-convention
-attributes, and sizes are bounded. Whatever is altered or left out is counted (see ``_selftelemetry``).
+attributes, and sizes are bounded. Whatever is altered or left out is counted (see ``selftelemetry``).
 
 Every string is also made encodable (:func:`encodable`): Python strings may hold lone surrogates (what
 ``surrogateescape`` makes of a non-UTF-8 file name, ``os.environ`` value or argv), which UTF-8 -- and so the OTLP
@@ -19,7 +19,7 @@ import json
 from enum import Enum
 from typing import Any
 
-from torchelastic_otel import _selftelemetry
+from torchelastic_otel._export import selftelemetry
 
 __all__ = [
     "flatten",
@@ -63,7 +63,7 @@ def encodable(text: str, signal: str = "logs") -> str:
         return text
     except UnicodeEncodeError:
         pass
-    _selftelemetry.count(_selftelemetry.SANITIZED, signal, LONE_SURROGATES)
+    selftelemetry.count(selftelemetry.SANITIZED, signal, LONE_SURROGATES)
     return str.encode(text, "utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
@@ -96,7 +96,7 @@ def encodable_attributes(attributes: dict[str, Any], signal: str = "traces") -> 
 
 def _text(value: str, signal: str) -> str:
     if len(value) > MAX_STRING_LENGTH:
-        _selftelemetry.count(_selftelemetry.SANITIZED, signal, "string_truncated")
+        selftelemetry.count(selftelemetry.SANITIZED, signal, "string_truncated")
         value = value[:MAX_STRING_LENGTH]
     return value if value.isascii() else encodable(value, signal)
 
@@ -121,7 +121,7 @@ def _json_text(value: Any, signal: str) -> str:
             text = repr(value)
         except Exception:  # a user's __repr__ may raise
             text = f"<unrepresentable {type(value).__name__}>"
-    _selftelemetry.count(_selftelemetry.SANITIZED, signal, "value_serialized")
+    selftelemetry.count(selftelemetry.SANITIZED, signal, "value_serialized")
     return _text(text, signal)
 
 
@@ -138,21 +138,21 @@ def attribute_value(value: Any, signal: str = "logs") -> Any:
             value = int.__int__(value)  # a subclass: the plain number
         if _INT64_MIN <= value <= _INT64_MAX:
             return value
-        _selftelemetry.count(_selftelemetry.SANITIZED, signal, "int_out_of_range")
+        selftelemetry.count(selftelemetry.SANITIZED, signal, "int_out_of_range")
         return str(value)
     if isinstance(value, float):
         return value if type(value) is float else float.__float__(value)
     if isinstance(value, str):
         return _text(value if type(value) is str else str.__str__(value), signal)
     if isinstance(value, (bytes, bytearray, memoryview)):
-        _selftelemetry.count(_selftelemetry.SANITIZED, signal, "bytes_decoded")
+        selftelemetry.count(selftelemetry.SANITIZED, signal, "bytes_decoded")
         return _text(bytes(value).decode("utf-8", "replace"), signal)
     if isinstance(value, (list, tuple)):
         return _sequence_value(value, signal)
     if isinstance(value, (dict, set, frozenset)):
         return _json_text(value if isinstance(value, dict) else sorted(value, key=repr), signal)
     text = safe_str(value)
-    _selftelemetry.count(_selftelemetry.SANITIZED, signal, "value_stringified")
+    selftelemetry.count(selftelemetry.SANITIZED, signal, "value_stringified")
     return _text(text, signal)
 
 
@@ -218,7 +218,7 @@ def flatten(
             if value is None:
                 continue
         if len(out) >= MAX_ATTRIBUTES and key not in out:
-            _selftelemetry.count(_selftelemetry.DROPPED, signal, "attribute_limit")
+            selftelemetry.count(selftelemetry.DROPPED, signal, "attribute_limit")
             continue
         out[key] = value
     return out

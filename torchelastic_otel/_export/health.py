@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from torchelastic_otel import _compat
-from torchelastic_otel._config import env_millis
+from torchelastic_otel._settings import env_millis
 
 #: An export in flight for longer than this means the backend is unreachable (or too slow to wait for at exit).
 EXPORT_STALL_MILLIS = env_millis("TORCHELASTIC_OTEL_EXPORT_STALL_MILLIS", 2000)

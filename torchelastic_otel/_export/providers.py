@@ -18,7 +18,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from torchelastic_otel import _bounded, _compat, _config, _counting, _health, _selftelemetry
+from torchelastic_otel._export import bounded as _bounded, counting, health as _health, selftelemetry
+from torchelastic_otel import _compat, _settings
 
 _logger = logging.getLogger("torchelastic_otel")
 
@@ -64,7 +65,7 @@ def exporter_classes(signal: str) -> dict[str, type]:
         try:
             classes.update(_compat.sdk_exporter_classes(signal, requested))
         except Exception as exc:
-            _selftelemetry.count(_selftelemetry.DROPPED, signal, f"exporter_unavailable:{requested}")
+            selftelemetry.count(selftelemetry.DROPPED, signal, f"exporter_unavailable:{requested}")
             _logger.warning("torchelastic_otel: %s exporter %r is not available: %s", signal, requested, exc)
     return classes
 
@@ -72,14 +73,14 @@ def exporter_classes(signal: str) -> dict[str, type]:
 def construct(signal: str, name: str, cls: type) -> Any | None:
     """Instantiate one exporter/reader; a failure is logged and counted instead of losing the whole pipeline.
 
-    Exporters come back wrapped (``_counting.wrap_exporter``): a failed export is counted as dropped
+    Exporters come back wrapped (``counting.wrap_exporter``): a failed export is counted as dropped
     (``export_failed``).
     """
     try:
         with _prometheus_port_for_this_process(cls):
-            return _counting.wrap_exporter(signal, cls(**_file_exporter_args(signal, cls)))
+            return counting.wrap_exporter(signal, cls(**_file_exporter_args(signal, cls)))
     except Exception as exc:
-        _selftelemetry.count(_selftelemetry.DROPPED, signal, f"exporter_unavailable:{name}")
+        selftelemetry.count(selftelemetry.DROPPED, signal, f"exporter_unavailable:{name}")
         _logger.warning("torchelastic_otel: %s exporter %r could not start: %s", signal, name, exc)
         return None
 
@@ -156,7 +157,7 @@ def _or_default(variable: str, load: Callable[[], Any]) -> Any:
         return load()
     except Exception as exc:
         _logger.warning("torchelastic_otel: ignoring %s (%s); using the SDK default", variable, exc)
-        _selftelemetry.count(_selftelemetry.SANITIZED, "traces", f"invalid_{variable.lower()}")
+        selftelemetry.count(selftelemetry.SANITIZED, "traces", f"invalid_{variable.lower()}")
         return None
 
 
@@ -173,7 +174,7 @@ def build_tracer_provider(resource: Any) -> Any:
     for name, cls in exporter_classes("traces").items():
         exporter = construct("traces", name, cls)
         if exporter is not None:
-            processor = _counting.counting_batch_processor(BatchSpanProcessor, "traces")(exporter)
+            processor = counting.counting_batch_processor(BatchSpanProcessor, "traces")(exporter)
             provider.add_span_processor(processor)
             provider._torchelastic_processors.append(processor)
     return provider
@@ -205,7 +206,7 @@ def build_logger_provider(resource: Any) -> Any:
     for name, cls in exporter_classes("logs").items():
         exporter = construct("logs", name, cls)
         if exporter is not None:
-            processor = _counting.counting_batch_processor(BatchLogRecordProcessor, "logs")(exporter)
+            processor = counting.counting_batch_processor(BatchLogRecordProcessor, "logs")(exporter)
             provider.add_log_record_processor(processor)
             provider._torchelastic_processors.append(processor)
     return provider
@@ -237,13 +238,13 @@ class _Bounded:
         """Flush (bounded), then the SDK's shutdown, within the exit bound once the backend is down; what the
         batch queues and the exports in flight still held then is counted as dropped (``shutdown_timeout``)."""
         self.force_flush()
-        timeout = _config.DOWN_WAIT_MILLIS if _bounded.backend_down() else _config.EXIT_TIMEOUT_MILLIS
+        timeout = _settings.DOWN_WAIT_MILLIS if _bounded.backend_down() else _settings.EXIT_TIMEOUT_MILLIS
         done = _bounded.run_bounded(lambda: super(_Bounded, self).shutdown(*args, **kwargs) or True, timeout)
         if done is None:
-            lost = sum(_counting.pending(p) for p in self._torchelastic_processors)
+            lost = sum(counting.pending(p) for p in self._torchelastic_processors)
             lost += _health.health.in_flight().get(self._torchelastic_signal, 0)
             if lost:
-                _selftelemetry.count(_selftelemetry.DROPPED, self._torchelastic_signal, "shutdown_timeout", lost)
+                selftelemetry.count(selftelemetry.DROPPED, self._torchelastic_signal, "shutdown_timeout", lost)
         return None
 
 

@@ -33,7 +33,8 @@ from typing import Any
 
 from opentelemetry import context, trace
 
-from torchelastic_otel import _drainer, _selftelemetry, pipeline
+from torchelastic_otel._export import drainer as _drainer, selftelemetry
+from torchelastic_otel import pipeline
 
 __all__ = ["install", "ENABLE_ENV"]
 
@@ -151,7 +152,7 @@ class _RecordBuffer(_drainer.Buffer):
                 return
             pending.append((_frozen(record), context.get_current()))
         except Exception:
-            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "conversion_error")
+            selftelemetry.count(selftelemetry.DROPPED, "logs", "conversion_error")
 
     def drain(self, deadline: float | None = None) -> int:
         """Hand buffered records to OpenTelemetry's handler, each in the context it was logged in."""
@@ -174,7 +175,7 @@ class _RecordBuffer(_drainer.Buffer):
         try:
             handler.emit(record)
         except Exception:
-            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "conversion_error")
+            selftelemetry.count(selftelemetry.DROPPED, "logs", "conversion_error")
         finally:
             context.detach(token)
 
@@ -197,7 +198,7 @@ def _frozen(record: logging.LogRecord) -> logging.LogRecord:
     try:
         frozen.msg = record.getMessage()
     except Exception:  # arguments that do not fit the format: logging reports it; keep the raw message
-        _selftelemetry.count(_selftelemetry.SANITIZED, "logs", "value_stringified")
+        selftelemetry.count(selftelemetry.SANITIZED, "logs", "value_stringified")
         frozen.msg = str(record.msg)
     frozen.args = None
     return frozen

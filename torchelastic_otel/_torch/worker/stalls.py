@@ -27,8 +27,9 @@ import os
 import time
 from typing import Any
 
-from torchelastic_otel import _selftelemetry, _stacks
-from torchelastic_otel._torch import collectives, steps
+from torchelastic_otel._export import selftelemetry
+from torchelastic_otel._process import stacks as _stacks
+from torchelastic_otel._torch.worker import collectives, steps
 from torchelastic_otel._torch.worker_env import worker_metadata
 
 __all__ = ["Watchdog", "threshold_seconds", "STALLED_EVENT"]
@@ -51,7 +52,7 @@ def configured_seconds() -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        _selftelemetry.count(_selftelemetry.SANITIZED, "logs", "invalid_stall_seconds")
+        selftelemetry.count(selftelemetry.SANITIZED, "logs", "invalid_stall_seconds")
         return None
     return value if value == value and value >= 0 else None
 

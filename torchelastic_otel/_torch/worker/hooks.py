@@ -30,8 +30,11 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 
-from torchelastic_otel import _attributes, _runtime, _stacks, pipeline
-from torchelastic_otel._torch import final_words, root_cause, training, worker_logging
+from torchelastic_otel._export import attributes as _attributes
+from torchelastic_otel._process import runtime, stacks as _stacks
+from torchelastic_otel import pipeline
+from torchelastic_otel._torch import final_words, root_cause
+from torchelastic_otel._torch.worker import training, log_records as worker_logging
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker_env import agent_context, is_torchrun_worker, worker_metadata
 from torchelastic_otel.events import _otel as event_adapter
@@ -93,8 +96,8 @@ def _join_agent_trace(patches: Patches) -> None:
         return final_words.write_span("torchelastic.worker.start", start_ns, end_ns, attributes, ctx) is not None
 
     pipeline.when_ready(start_span)  # a worker's pipeline is built beside its start-up (``pipeline``)
-    _runtime.add_unbuilt_exit_hook(hand_to_agent)
-    patches.on_restore(lambda: _runtime.remove_unbuilt_exit_hook(hand_to_agent))
+    runtime.add_unbuilt_exit_hook(hand_to_agent)
+    patches.on_restore(lambda: runtime.remove_unbuilt_exit_hook(hand_to_agent))
     token = otel_context.attach(ctx)
     _attempt[0] = ctx
 
@@ -154,9 +157,9 @@ def _final_words(event: Event, extra: dict[str, Any] | None = None) -> str | Non
         if path is not None:
             _emitted.append(path)
     except Exception:
-        from torchelastic_otel import _selftelemetry
+        from torchelastic_otel._export import selftelemetry
 
-        _selftelemetry.count(_selftelemetry.DROPPED, "logs", "final_words_error")
+        selftelemetry.count(selftelemetry.DROPPED, "logs", "final_words_error")
     return path
 
 
@@ -199,11 +202,11 @@ def _terminated_record(signum: int, stacks: _stacks.Stacks) -> Any:
 
 
 def _install_sigterm(patches: Patches) -> None:
-    """The terminated record and a flush on SIGTERM, then death by SIGTERM (``_runtime.on_signal``)."""
-    _runtime.add_signal_hook(_terminated_record)
-    patches.on_restore(lambda: _runtime.remove_signal_hook(_terminated_record))
-    if _runtime.handle_sigterm():
-        patches.on_restore(_runtime.uninstall_sigterm)
+    """The terminated record and a flush on SIGTERM, then death by SIGTERM (``runtime.on_signal``)."""
+    runtime.add_signal_hook(_terminated_record)
+    patches.on_restore(lambda: runtime.remove_signal_hook(_terminated_record))
+    if runtime.handle_sigterm():
+        patches.on_restore(runtime.uninstall_sigterm)
 
 
 def _install_excepthook(patches: Patches) -> None:
@@ -217,7 +220,7 @@ def _install_excepthook(patches: Patches) -> None:
                 metadata = {**_final_metadata(), "state": "FAILED", "raw_error": text}
                 _final_words(Event("torchelastic.worker.exception", EventSource.WORKER, metadata=metadata))
                 confirm = _confirm()
-                confirm(_runtime.final_flush(FLUSH_TIMEOUT_MILLIS))
+                confirm(runtime.final_flush(FLUSH_TIMEOUT_MILLIS))
         except Exception:
             pass
         previous(exc_type, exc, tb)

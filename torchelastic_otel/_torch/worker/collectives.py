@@ -37,8 +37,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from torchelastic_otel import _compat, _selftelemetry
-from torchelastic_otel._torch import steps
+from torchelastic_otel import _compat
+from torchelastic_otel._export import selftelemetry
+from torchelastic_otel._torch.worker import steps
 
 __all__ = ["Group", "status", "summary", "summary_attributes", "read_entries", "tick", "enabled"]
 
@@ -52,7 +53,7 @@ def _interval() -> float | None:
     try:
         return max(1.0, float(raw))
     except ValueError:
-        _selftelemetry.count(_selftelemetry.SANITIZED, "metrics", "invalid_collectives_interval")
+        selftelemetry.count(selftelemetry.SANITIZED, "metrics", "invalid_collectives_interval")
         return None
 
 
@@ -206,7 +207,7 @@ def summary_attributes() -> dict[str, Any]:
     try:
         found = summary()
     except Exception:
-        _selftelemetry.count(_selftelemetry.DROPPED, "logs", "collectives_summary_error")
+        selftelemetry.count(selftelemetry.DROPPED, "logs", "collectives_summary_error")
         return {}
     return {"collectives": found} if found else {}
 

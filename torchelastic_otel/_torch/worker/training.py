@@ -41,8 +41,8 @@ def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[st
         return
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
     hooked = _hook_optimizers(patches)
-    from torchelastic_otel import _drainer
-    from torchelastic_otel._torch import stalls
+    from torchelastic_otel._export import drainer as _drainer
+    from torchelastic_otel._torch.worker import stalls
 
     watchdog = stalls.Watchdog()
 
@@ -52,7 +52,7 @@ def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[st
 
     patches.on_restore(_drainer.add_periodic(tick, TICK_SECONDS))
     if add_final_metadata is not None:
-        from torchelastic_otel._torch import collectives
+        from torchelastic_otel._torch.worker import collectives
 
         # The terminated and exception records carry the Flight Recorder's summary (the collective a rank waits in).
         patches.on_restore(add_final_metadata(collectives.summary_attributes))
@@ -61,7 +61,7 @@ def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[st
 def _hook_optimizers(patches: Patches) -> Callable[[], None]:
     """Register the step hook once torch's optimizers are imported (a post-import hook, ``imports``); where the
     bridge has none, at the watchdog's first look after the import. Returns that look."""
-    from torchelastic_otel._torch import steps
+    from torchelastic_otel._torch.worker import steps
 
     handles: list[Any] = []
 

@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from torchelastic_otel import _selftelemetry
+from torchelastic_otel._export import selftelemetry
 
 __all__ = ["Limits", "Line", "Lines", "TAIL_LINES"]
 
@@ -154,11 +154,11 @@ class Lines:
         which is left out up to its end (and counted)."""
         state = self._streams[stream]
         if lines:
-            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "output_backlog_full", lines)
+            selftelemetry.count(selftelemetry.DROPPED, "logs", "output_backlog_full", lines)
             state.partial.clear()
             state.cut = False
         if midline:
-            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "output_backlog_full")
+            selftelemetry.count(selftelemetry.DROPPED, "logs", "output_backlog_full")
             state.partial.clear()
             state.cut = True
 
@@ -187,7 +187,7 @@ class Lines:
         parts = complete.rsplit(b"\n", keep)
         older = len(parts) - keep  # 1 if the first part holds the lines before the kept ones, joined
         if older:
-            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "rate_limited", n - keep)
+            selftelemetry.count(selftelemetry.DROPPED, "logs", "rate_limited", n - keep)
             if first:
                 state.take(b"")  # the unfinished line was completed by the first dropped line
         kept: list[Line] = []
@@ -207,7 +207,7 @@ class Lines:
         if evicted > 0:
             for _ in range(evicted):
                 tail.popleft()
-            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "rate_limited", evicted)
+            selftelemetry.count(selftelemetry.DROPPED, "logs", "rate_limited", evicted)
 
     def _line(self, now_ns: int, stream: str, raw: bytes, cut: bool) -> Line | None:
         """A terminal's view of ``raw``: ``\\r\\n`` ends it, a carriage return restarts it; cut to ``max_line``."""
@@ -222,7 +222,7 @@ class Lines:
         if len(raw) > limit:
             raw, cut = _cut_utf8(raw, limit), True
         if cut:
-            _selftelemetry.count(_selftelemetry.SANITIZED, "logs", "line_truncated")
+            selftelemetry.count(selftelemetry.SANITIZED, "logs", "line_truncated")
         return Line(now_ns, stream, raw)
 
 

@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchelastic_otel import _compat, _health, _selftelemetry
-from torchelastic_otel._config import DOWN_WAIT_MILLIS, EXIT_TIMEOUT_MILLIS
+from torchelastic_otel import _compat
+from torchelastic_otel._export import health as _health, selftelemetry
+from torchelastic_otel._settings import DOWN_WAIT_MILLIS, EXIT_TIMEOUT_MILLIS
 
 __all__ = ["run_bounded", "bounded_flush", "backend_down"]
 
@@ -122,7 +123,7 @@ def bounded_flush(flush: Callable[[], bool], timeout_millis: int) -> bool:
     ok = run_bounded(lambda: _quietly(flush), max(0, timeout_millis), give_up=health.stuck)
     if ok is None:
         _down[0] = True
-        _selftelemetry.count(_selftelemetry.DROPPED, "all", "flush_timeout")
+        selftelemetry.count(selftelemetry.DROPPED, "all", "flush_timeout")
         return False
     ok = ok and health.failures == failures  # the SDK's force_flush says True even when the export failed
     _down[0] = not ok

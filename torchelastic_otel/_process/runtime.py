@@ -27,18 +27,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchelastic_otel import (
-    _bounded,
-    _compat,
-    _drainer,
-    _forkgate,
-    _health,
-    _selftelemetry,
-    _signals,
-    _stacks,
-)
-from torchelastic_otel import _pipeline_state as pipeline
-from torchelastic_otel._config import EXIT_TIMEOUT_MILLIS
+from torchelastic_otel._export import bounded as _bounded, drainer as _drainer, health as _health, selftelemetry
+from torchelastic_otel import _compat
+from torchelastic_otel._process import forkgate, signals as _signals, stacks as _stacks
+from torchelastic_otel._export import state as pipeline
+from torchelastic_otel._settings import EXIT_TIMEOUT_MILLIS
 
 __all__ = ["install", "before_fork", "after_fork_in_parent", "after_fork_in_child", "on_signal", "at_exit"]
 
@@ -51,7 +44,7 @@ _logger = logging.getLogger("torchelastic_otel")
 def before_fork() -> None:
     """Exports in flight finish first (bounded): gRPC cannot prepare a fork while a thread is inside a call. Then
     the garbage failed exports left is collected here (``_collect_export_garbage``)."""
-    _forkgate.gate.before_fork()
+    forkgate.gate.before_fork()
     _collect_export_garbage()
 
 
@@ -77,17 +70,17 @@ def _collect_export_garbage() -> None:
 
 
 def after_fork_in_parent() -> None:
-    _forkgate.gate.after_fork_in_parent()
+    forkgate.gate.after_fork_in_parent()
 
 
 def after_fork_in_child() -> None:
     """In this order: the counters (what follows may count), the exporters' state, the bounded flushes, the
     buffers (what they held is the parent's to export), the pipeline (rebuilt on first use), the signal watcher;
     then the drainer thread, once everything it touches is the child's."""
-    _selftelemetry.after_fork_in_child()
+    selftelemetry.after_fork_in_child()
     _health.health.after_fork_in_child()
     _collected_at[0] = (0, -1.0)
-    _forkgate.gate.after_fork_in_child()
+    forkgate.gate.after_fork_in_child()
     _bounded.after_fork_in_child()
     _drainer.after_fork_in_child()
     if pipeline.after_fork_in_child():

@@ -45,9 +45,10 @@ from typing import Any
 
 from opentelemetry import _logs, metrics, trace
 
-from torchelastic_otel import _bounded, _compat, _config, _drainer, _placeholders, _providers, _selftelemetry
-from torchelastic_otel._config import EXIT_TIMEOUT_MILLIS, sdk_disabled
-from torchelastic_otel._providers import DEFAULT_SERVICE_NAME
+from torchelastic_otel._export import bounded as _bounded, drainer as _drainer, placeholders as _placeholders, providers as _providers, selftelemetry
+from torchelastic_otel import _compat, _settings as _config
+from torchelastic_otel._settings import EXIT_TIMEOUT_MILLIS, sdk_disabled
+from torchelastic_otel._export.providers import DEFAULT_SERVICE_NAME
 
 __all__ = [
     "Phase",
@@ -215,7 +216,7 @@ def _ready(pipeline: Pipeline) -> Pipeline:
     with state.lock:
         state.enter(Phase.READY, pipeline)
         callbacks, state.on_ready = state.on_ready, []
-    _selftelemetry.instrument(pipeline.meter_provider)
+    selftelemetry.instrument(pipeline.meter_provider)
     _drainer.enable()
     _notify(Phase.READY)
     for callback in callbacks:
@@ -251,7 +252,7 @@ def get_pipeline() -> Pipeline:
     for _ in range(3):  # the phase may change while waiting; three turns cover every sequence of transitions
         if state.phase is Phase.BUILDING:
             if threading.current_thread() is state.builder or not state.built.wait(BUILD_WAIT_SECONDS):
-                _selftelemetry.count(_selftelemetry.DROPPED, "all", "pipeline_unavailable")
+                selftelemetry.count(selftelemetry.DROPPED, "all", "pipeline_unavailable")
                 return _noop_pipeline()
         with state.lock:
             if state.phase is Phase.READY and state.current is not None:
@@ -272,7 +273,7 @@ def _build() -> Pipeline:
     except Exception as exc:
         # A broken configuration must not reach the job: log it and export nothing.
         _logger.warning("torchelastic_otel: could not configure OpenTelemetry from OTEL_*: %s", exc)
-        _selftelemetry.count(_selftelemetry.DROPPED, "all", "pipeline_unavailable")
+        selftelemetry.count(selftelemetry.DROPPED, "all", "pipeline_unavailable")
         return _noop_pipeline()
 
 
@@ -442,7 +443,7 @@ def _rebuild_for_child(current: Pipeline) -> Pipeline:
         return Pipeline(providers["traces"], providers["metrics"], providers["logs"], owned=owned)
     except Exception as exc:
         _logger.warning("torchelastic_otel: could not set up telemetry in a forked child: %s", exc)
-        _selftelemetry.count(_selftelemetry.DROPPED, "all", "pipeline_unavailable")
+        selftelemetry.count(selftelemetry.DROPPED, "all", "pipeline_unavailable")
         return _noop_pipeline()
 
 

@@ -29,9 +29,10 @@ from typing import Any, NoReturn
 
 from opentelemetry._logs import SeverityNumber
 
-from torchelastic_otel import _bounded, _compat, _selftelemetry
-from torchelastic_otel._torch.output_lines import Limits, Line, Lines
-from torchelastic_otel._torch.output_passthrough import HEADER, MIDLINE, STREAMS, detach
+from torchelastic_otel._export import bounded as _bounded, selftelemetry
+from torchelastic_otel import _compat
+from torchelastic_otel._torch.output.lines import Limits, Line, Lines
+from torchelastic_otel._torch.output.passthrough import HEADER, MIDLINE, STREAMS, detach
 from torchelastic_otel.version import __version__
 
 __all__ = ["serve", "SCOPE"]
@@ -102,7 +103,7 @@ class Records:
             return 0
         pipeline = self._get()
         if pipeline is None:
-            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "pipeline_unavailable", len(lines))
+            selftelemetry.count(selftelemetry.DROPPED, "logs", "pipeline_unavailable", len(lines))
             return len(lines)
         for done, line in enumerate(lines):
             if deadline is not None and time.monotonic() >= deadline:
@@ -111,7 +112,7 @@ class Records:
             try:
                 pipeline.emit(line)
             except Exception:
-                _selftelemetry.count(_selftelemetry.DROPPED, "logs", "conversion_error")
+                selftelemetry.count(selftelemetry.DROPPED, "logs", "conversion_error")
         return len(lines)
 
     def finish(self, tail: list[Line]) -> None:
@@ -119,7 +120,7 @@ class Records:
         records and counters flushed and the providers shut down, each within the exit bound."""
         done = self.emit(tail, time.monotonic() + END_SECONDS)
         if done < len(tail):
-            _selftelemetry.count(_selftelemetry.DROPPED, "logs", "exit_timeout", len(tail) - done)
+            selftelemetry.count(selftelemetry.DROPPED, "logs", "exit_timeout", len(tail) - done)
         if self._pipeline is not None:
             self._pipeline.shutdown()
 
@@ -138,13 +139,13 @@ class _Pipeline:
     def __init__(self, worker_pid: int) -> None:
         from opentelemetry.sdk.resources import Resource
 
-        from torchelastic_otel import _providers
+        from torchelastic_otel._export import providers as _providers
         from torchelastic_otel._torch.worker_env import agent_context
 
         resource = _providers.resource().merge(Resource({"process.parent_pid": worker_pid}))
         self.logger_provider = _providers.build_logger_provider(resource)
         self.meter_provider = _providers.build_meter_provider(resource, pull=False)
-        _selftelemetry.instrument(self.meter_provider)
+        selftelemetry.instrument(self.meter_provider)
         self.logger = self.logger_provider.get_logger(SCOPE, __version__)
         self.context = agent_context()
         self.processors = list(getattr(self.logger_provider, "_torchelastic_processors", []))
@@ -162,7 +163,7 @@ class _Pipeline:
         try:
             body = line.data.decode("utf-8")
         except UnicodeDecodeError:
-            _selftelemetry.count(_selftelemetry.SANITIZED, "logs", "bytes_decoded")
+            selftelemetry.count(selftelemetry.SANITIZED, "logs", "bytes_decoded")
             body = line.data.decode("utf-8", "replace")
         severity_number, severity_text = _SEVERITY[line.stream]
         self.logger.emit(

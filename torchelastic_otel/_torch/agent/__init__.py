@@ -1,0 +1,1 @@
+"""The agent side of a torchrun job: its lifecycle (rendezvous, worker starts, failures, restarts) as spans."""

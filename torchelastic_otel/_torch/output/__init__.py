@@ -1,0 +1,1 @@
+"""Worker output: captured, passed through unchanged, and turned into log records."""
