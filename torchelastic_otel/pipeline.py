@@ -1,15 +1,14 @@
 """The exporter pipeline: the tracer, meter and logger providers the bridge writes to, configured from ``OTEL_*``.
 
 The public calls (:func:`setup`, :func:`flush`, :func:`shutdown`, :func:`get_pipeline`) and what the adapters use.
-The pipeline's life is one state machine (``_pipeline_state``: UNSET, BUILDING, READY, FORKED); importing this
+The pipeline's life is one state machine (``_export.state``: UNSET, BUILDING, READY, FORKED); importing this
 module ties it to the process's own life (``runtime``: fork, SIGTERM and exit hooks), so whoever can build a
 pipeline has them.
 """
 
 from __future__ import annotations
 
-from torchelastic_otel._process import runtime  # noqa: F401 - the process's hooks come with the pipeline
-from torchelastic_otel._settings import EXIT_TIMEOUT_MILLIS, sdk_disabled
+from torchelastic_otel._export.providers import DEFAULT_SERVICE_NAME
 from torchelastic_otel._export.state import (
     Phase,
     Pipeline,
@@ -32,7 +31,8 @@ from torchelastic_otel._export.state import (
     wait_built,
     when_ready,
 )
-from torchelastic_otel._export.providers import DEFAULT_SERVICE_NAME
+from torchelastic_otel._process import runtime  # noqa: F401 - the process's hooks come with the pipeline
+from torchelastic_otel._settings import EXIT_TIMEOUT_MILLIS, sdk_disabled
 
 __all__ = [
     "Phase",

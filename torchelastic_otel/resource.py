@@ -10,20 +10,22 @@ from __future__ import annotations
 import os
 import socket
 
+from torchelastic_otel import _names as names
+
 __all__ = ["torchrun_attributes", "RESOURCE_ENV"]
 
 #: resource attribute -> (environment variable, type)
 RESOURCE_ENV: dict[str, tuple[str, type]] = {
-    "torchelastic.run_id": ("TORCHELASTIC_RUN_ID", str),
-    "torchelastic.role": ("ROLE_NAME", str),
-    "torchelastic.rank": ("RANK", int),
-    "torchelastic.local_rank": ("LOCAL_RANK", int),
-    "torchelastic.group_rank": ("GROUP_RANK", int),
-    "torchelastic.role_rank": ("ROLE_RANK", int),
-    "torchelastic.world_size": ("WORLD_SIZE", int),
-    "torchelastic.local_world_size": ("LOCAL_WORLD_SIZE", int),
-    "torchelastic.restart_count": ("TORCHELASTIC_RESTART_COUNT", int),
-    "torchelastic.max_restarts": ("TORCHELASTIC_MAX_RESTARTS", int),
+    names.RUN_ID: ("TORCHELASTIC_RUN_ID", str),
+    names.ROLE: ("ROLE_NAME", str),
+    names.RANK: ("RANK", int),
+    names.LOCAL_RANK: ("LOCAL_RANK", int),
+    names.GROUP_RANK: ("GROUP_RANK", int),
+    names.ROLE_RANK: ("ROLE_RANK", int),
+    names.WORLD_SIZE: ("WORLD_SIZE", int),
+    names.LOCAL_WORLD_SIZE: ("LOCAL_WORLD_SIZE", int),
+    names.RESTART_COUNT: ("TORCHELASTIC_RESTART_COUNT", int),
+    names.MAX_RESTARTS: ("TORCHELASTIC_MAX_RESTARTS", int),
 }
 
 
@@ -43,7 +45,7 @@ def torchrun_attributes(environ: os._Environ[str] | dict[str, str] | None = None
         else:
             attrs[key] = raw[:256]
     if attrs:
-        attrs["torchelastic.process.kind"] = "worker" if "RANK" in env else "agent"
+        attrs[names.PROCESS_KIND] = "worker" if "RANK" in env else "agent"
     attrs["host.name"] = socket.gethostname()
     attrs["process.pid"] = os.getpid()
     return attrs

@@ -5,7 +5,7 @@ Every Python process that inherits that environment runs this module: the worker
 it starts (``subprocess`` of ``sys.executable``, spawned ``multiprocessing`` pools and DataLoader workers, ...).
 ``_torch.worker_env`` tells them apart (and documents how: the first bridged Python process marks itself):
 
-- **the worker**: its stdout and stderr start being captured first (``_torch.output``: everything that prints at
+- **the worker**: its stdout and stderr start being captured first (``_torch.output.capture``: everything that prints at
   start-up, torch's import included, is captured, and the processes that carry the output are forked before any
   thread runs); then the bridge is installed (``torchelastic_otel.install()``), which imports neither torch nor the
   OpenTelemetry SDK in this thread: torch's modules are bridged when the script imports them, the exporters are
@@ -28,6 +28,8 @@ It never raises: whatever fails, the process starts as without the bridge.
 import os
 import sys
 
+#: ``_settings.AUTO_INSTALL``, spelled out: this file runs in every Python the workers start, also one where the
+#: package cannot be imported, and must decide without it (tests/unit hold the two names together).
 _AUTO_INSTALL_ENV = "TORCHELASTIC_OTEL_AUTO_INSTALL"
 _AUTO_INSTRUMENTATION = os.path.join("opentelemetry", "instrumentation", "auto_instrumentation", "sitecustomize.py")
 

@@ -2,7 +2,7 @@
 
 The SDK's ``force_flush`` and ``shutdown`` export in the calling thread and ignore their timeouts while the OTLP
 exporter retries an unreachable collector (up to 10 s per call). So they run in a helper thread that the caller
-waits for, bounded (:func:`run_bounded`), and give up early once the exports are stuck (``_health``). Once a flush
+waits for, bounded (:func:`run_bounded`), and give up early once the exports are stuck (``_export.health``). Once a flush
 timed out, later ones wait at most ``DOWN_WAIT_MILLIS``: a dying job is not held up once per signal and exit path.
 """
 
@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from torchelastic_otel import _compat
-from torchelastic_otel._export import health as _health, selftelemetry
+from torchelastic_otel._export import health as _health
+from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._settings import DOWN_WAIT_MILLIS, EXIT_TIMEOUT_MILLIS
 
 __all__ = ["run_bounded", "bounded_flush", "backend_down"]

@@ -2,13 +2,13 @@
 
 - Each span, log record and metric exporter the bridge builds is wrapped (``wrap_exporter``): a failed export
   counts its items as dropped (``torchelastic_otel.dropped {signal, reason="export_failed"}``) and tells
-  ``_health`` what is in flight, so a flush can stop waiting for the OTLP exporters' 10 s of retries. Exports keep
+  ``_export.health`` what is in flight, so a flush can stop waiting for the OTLP exporters' 10 s of retries. Exports keep
   out of the moment a process forks (``forkgate``); in a forked child the parent's exporters do nothing.
 - One unencodable item never costs the rest of its batch. The OTLP encoders fail a whole export on one string
   UTF-8 cannot encode (a lone surrogate, e.g. a non-UTF-8 file name through ``surrogateescape``), one log body
   of a type ``AnyValue`` has no form for, or one integer beyond int64 -- the gRPC exporter raises, the HTTP
   exporter returns FAILURE. The bridge's own records are made encodable where they are built
-  (``_attributes.encodable``); records made through the plain OpenTelemetry API on the bridge's providers are
+  (``_export.attributes.encodable``); records made through the plain OpenTelemetry API on the bridge's providers are
   not, so after a failed export (only then: the normal path costs nothing) the batch is searched for such items
   (``unencodable``); if there are any, they are dropped and counted (``dropped {signal, reason="unencodable"}``)
   and the rest is exported again, once.
@@ -25,9 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional
 
 from torchelastic_otel import _compat
-from torchelastic_otel._process import forkgate
-from torchelastic_otel._export import health as _health, selftelemetry
+from torchelastic_otel._export import health as _health
+from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._export.health import ExportHealth
+from torchelastic_otel._process import forkgate
+
 
 def _failed(result: Any) -> bool:
     return getattr(result, "name", None) == "FAILURE"

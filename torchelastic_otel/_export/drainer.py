@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import threading
 import time
 import weakref
 from typing import Any, Callable, Iterator, Protocol
 
+from torchelastic_otel import _settings
 from torchelastic_otel._export import selftelemetry
 
 __all__ = [
@@ -77,13 +77,9 @@ class Buffer:
 
 
 def _interval() -> float:
-    raw = os.environ.get("TORCHELASTIC_OTEL_DRAIN_INTERVAL") or os.environ.get(
-        "TORCHELASTIC_OTEL_METRICS_DRAIN_INTERVAL", "0.5"
-    )
-    try:
-        return max(0.01, float(raw))
-    except ValueError:
-        return 0.5
+    if _settings.DRAIN_INTERVAL.raw() is None:
+        return _settings.METRICS_DRAIN_INTERVAL.get()
+    return _settings.DRAIN_INTERVAL.get()
 
 
 interval = _interval()
@@ -230,7 +226,7 @@ def _drain_before_collect() -> None:
 
 def after_fork_in_child() -> None:
     """What was buffered before the fork is the parent's; the drainer thread did not survive the fork
-    (:func:`restart` starts the child's, once the rest of the bridge is the child's: ``_runtime``)."""
+    (:func:`restart` starts the child's, once the rest of the bridge is the child's: ``_process.runtime``)."""
     global _lock, _thread, _drain_lock
     _lock = threading.Lock()
     _drain_lock = threading.RLock()

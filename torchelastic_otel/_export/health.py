@@ -11,11 +11,10 @@ import threading
 import time
 from typing import Any
 
-from torchelastic_otel import _compat
-from torchelastic_otel._settings import env_millis
+from torchelastic_otel import _compat, _settings
 
 #: An export in flight for longer than this means the backend is unreachable (or too slow to wait for at exit).
-EXPORT_STALL_MILLIS = env_millis("TORCHELASTIC_OTEL_EXPORT_STALL_MILLIS", 2000)
+EXPORT_STALL_MILLIS = _settings.EXPORT_STALL.get()
 
 
 class ExportHealth:

@@ -18,8 +18,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from torchelastic_otel._export import bounded as _bounded, counting, health as _health, selftelemetry
 from torchelastic_otel import _compat, _settings
+from torchelastic_otel._export import bounded as _bounded
+from torchelastic_otel._export import counting, selftelemetry
+from torchelastic_otel._export import health as _health
 
 _logger = logging.getLogger("torchelastic_otel")
 
@@ -85,7 +87,7 @@ def construct(signal: str, name: str, cls: type) -> Any | None:
         return None
 
 
-FILE_DIR_ENV = "TORCHELASTIC_OTEL_FILE_DIR"
+FILE_DIR_ENV = _settings.FILE_DIR.name
 
 
 def _file_exporter_args(signal: str, cls: type) -> dict[str, Any]:
@@ -96,7 +98,7 @@ def _file_exporter_args(signal: str, cls: type) -> dict[str, Any]:
     file), named by host, rank, restart and pid: processes never append to the same file, so a line can never be
     torn by another writer, and ``torchelastic-otel report DIR`` reads them all.
     """
-    directory = os.environ.get(FILE_DIR_ENV)
+    directory = _settings.FILE_DIR.get()
     if not directory or ".otlp.json.file" not in getattr(cls, "__module__", ""):
         return {}
     import socket
@@ -129,7 +131,7 @@ class _prometheus_port_for_this_process:
         if self._prometheus and not os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST"):
             os.environ["OTEL_EXPORTER_PROMETHEUS_HOST"] = "127.0.0.1"
             self._host_defaulted = True
-        if not self._active or os.environ.get("TORCHELASTIC_OTEL_PROMETHEUS_PORT_OFFSET", "1") == "0":
+        if not self._active or not _settings.PROMETHEUS_PORT_OFFSET.get():
             self._active = False
             return
         self._saved = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT")
@@ -214,7 +216,7 @@ def build_logger_provider(resource: Any) -> Any:
 
 class _Bounded:
     """Mixed into the SDK's provider classes for the providers the bridge builds: ``force_flush`` and ``shutdown``
-    return in time (``_bounded.bounded_flush``) whoever calls them -- the bridge's exit paths or user code through
+    return in time (``_export.bounded.bounded_flush``) whoever calls them -- the bridge's exit paths or user code through
     the plain API -- and a shutdown counts what it leaves undelivered."""
 
     _torchelastic_signal = "all"

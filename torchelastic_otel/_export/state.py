@@ -1,11 +1,11 @@
 """The exporter pipeline's life in this process: one state machine, in this module only (``pipeline`` is its public
-face, and brings the process's hooks along: ``_runtime``).
+face, and brings the process's hooks along: ``_process.runtime``).
 
 The pipeline is the tracer, meter and logger providers the bridge writes to. Rules, in order:
 
 1. Providers the application (or ``opentelemetry-instrument``) already set globally are reused, never replaced.
 2. For a signal with no global provider, one is built from ``OTEL_*`` with the SDK's own configuration code
-   (``_providers``) and set as the global provider so the application's own spans and logs share it.
+   (``_export.providers``) and set as the global provider so the application's own spans and logs share it.
 3. ``OTEL_SDK_DISABLED=true`` gives no-op providers: nothing is recorded or exported.
 4. :func:`setup` lets a program pass its own providers explicitly instead.
 
@@ -23,13 +23,13 @@ Its life (:class:`Phase`), every transition written here and nowhere else::
 Why a worker builds in a thread of its own, at once: importing the SDK and the OTLP exporters and building the
 providers costs 150-250 ms, which must not be added to the script's start-up; and a rank that fails in its first
 second must still lose nothing, so the pipeline is ready as early as it can be. While it is BUILDING, placeholders
-(``_placeholders``) stand in for the global providers; whoever asks one for a tracer, meter or logger waits for the
+(``_export.placeholders``) stand in for the global providers; whoever asks one for a tracer, meter or logger waits for the
 build. The final words of a process (SIGTERM, an uncaught exception) never build and never wait: they take
 :func:`ready` (no lock, no import) and, when it says ``None``, leave their record where the agent reads it.
 
-The process's hooks (fork, exit, signals) live in ``_runtime``, which calls into this module and is imported with
+The process's hooks (fork, exit, signals) live in ``_process.runtime``, which calls into this module and is imported with
 ``pipeline``, the module every user of the pipeline imports; listeners added with :func:`add_listener` hear of
-every phase change (``_runtime`` registers its exit handlers on the first one).
+every phase change (``_process.runtime`` registers its exit handlers on the first one).
 """
 
 from __future__ import annotations
@@ -45,10 +45,14 @@ from typing import Any
 
 from opentelemetry import _logs, metrics, trace
 
-from torchelastic_otel._export import bounded as _bounded, drainer as _drainer, placeholders as _placeholders, providers as _providers, selftelemetry
-from torchelastic_otel import _compat, _settings as _config
-from torchelastic_otel._settings import EXIT_TIMEOUT_MILLIS, sdk_disabled
+from torchelastic_otel import _compat, _settings
+from torchelastic_otel._export import bounded as _bounded
+from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._export import placeholders as _placeholders
+from torchelastic_otel._export import providers as _providers
+from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._export.providers import DEFAULT_SERVICE_NAME
+from torchelastic_otel._settings import EXIT_TIMEOUT_MILLIS, sdk_disabled
 
 __all__ = [
     "Phase",
@@ -97,7 +101,7 @@ class Pipeline:
 
     def flush(self, timeout_millis: int = 5000) -> bool:
         """Drain the bridge's buffers (half of the time at most), then force-flush every provider; returns within
-        ``timeout_millis`` (``_bounded.bounded_flush``). Never raises; ``False`` if it timed out or an export
+        ``timeout_millis`` (``_export.bounded.bounded_flush``). Never raises; ``False`` if it timed out or an export
         failed meanwhile."""
         started = time.monotonic()
         deadline = started + max(0, timeout_millis) / 1000
@@ -120,7 +124,7 @@ class Pipeline:
         self.flush(timeout_millis)
         remaining = max(0, int((deadline - time.monotonic()) * 1000))
         if _bounded.backend_down():
-            remaining = min(remaining, _config.DOWN_WAIT_MILLIS)
+            remaining = min(remaining, _settings.DOWN_WAIT_MILLIS)
         return _bounded.run_bounded(self._shutdown_owned, remaining) is not None
 
     def _shutdown_owned(self) -> bool:
@@ -418,7 +422,7 @@ def after_fork_in_child() -> bool:
 def _rebuild_for_child(current: Pipeline) -> Pipeline:
     """Fresh providers, exporters and resource (``process.pid``) in the child for what the bridge built.
 
-    In the child the parent's exporters do nothing (``_counting``); tracers, meters and loggers obtained from them
+    In the child the parent's exporters do nothing (``_export.counting``); tracers, meters and loggers obtained from them
     before the fork stay theirs, so a child gets its own after the fork. Prometheus readers are not rebuilt: the
     parent serves that port. A failure gives the child a no-op pipeline (counted): the job goes on.
     """

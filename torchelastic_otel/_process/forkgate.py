@@ -11,11 +11,11 @@ from __future__ import annotations
 import threading
 import time
 
+from torchelastic_otel import _settings
 from torchelastic_otel._export import health as _health
-from torchelastic_otel._settings import env_millis
 
 #: How long a fork may wait for the bridge's exports in flight (a reachable collector answers in milliseconds).
-FORK_WAIT_MILLIS = env_millis("TORCHELASTIC_OTEL_FORK_WAIT_MILLIS", 1000)
+FORK_WAIT_MILLIS = _settings.FORK_WAIT.get()
 
 
 class ForkGate:

@@ -27,10 +27,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchelastic_otel._export import bounded as _bounded, drainer as _drainer, health as _health, selftelemetry
 from torchelastic_otel import _compat
-from torchelastic_otel._process import forkgate, signals as _signals, stacks as _stacks
+from torchelastic_otel._export import bounded as _bounded
+from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._export import health as _health
+from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._export import state as pipeline
+from torchelastic_otel._process import forkgate
+from torchelastic_otel._process import signals as _signals
+from torchelastic_otel._process import stacks as _stacks
 from torchelastic_otel._settings import EXIT_TIMEOUT_MILLIS
 
 __all__ = ["install", "before_fork", "after_fork_in_parent", "after_fork_in_child", "on_signal", "at_exit"]
@@ -158,7 +163,7 @@ def final_flush(timeout_millis: int) -> bool:
 
 
 def handle_sigterm() -> bool:
-    """Run :func:`on_signal` on SIGTERM, also while the main thread is blocked in native code (``_signals``)."""
+    """Run :func:`on_signal` on SIGTERM, also while the main thread is blocked in native code (``_process.signals``)."""
     import signal
 
     return _signals.install(lambda stacks: on_signal(signal.SIGTERM, stacks), EXIT_TIMEOUT_MILLIS)

@@ -20,11 +20,14 @@ from typing import Any
 
 from opentelemetry import trace
 
+from torchelastic_otel import _names as names
+from torchelastic_otel import _settings
+
 __all__ = ["write", "write_span", "delivered", "deliver", "DIR_ENV"]
 
 _logger = logging.getLogger("torchelastic_otel")
 
-DIR_ENV = "TORCHELASTIC_OTEL_FAILURE_DIR"
+DIR_ENV = _settings.FAILURE_DIR.name
 _PREFIX = "final-"
 #: Bound on what the agent reads of one file (the stacks of a process with many threads are cut at 8 KiB already).
 MAX_BYTES = 256 * 1024
@@ -86,11 +89,11 @@ def deliver(directory: str | None, logger: Any, tracer: Any = None) -> int:
     if not directory:
         return 0
     try:
-        names = sorted(name for name in os.listdir(directory) if name.startswith(_PREFIX) and name.endswith(".json"))
+        files = sorted(name for name in os.listdir(directory) if name.startswith(_PREFIX) and name.endswith(".json"))
     except OSError:
         return 0
     sent = 0
-    for name in names:
+    for name in files:
         path = os.path.join(directory, name)
         try:
             sent += _send(path, logger, tracer)
@@ -110,7 +113,7 @@ def _send(path: str, logger: Any, tracer: Any) -> int:
     if not isinstance(data, dict) or not isinstance(data.get("attributes"), dict):
         raise ValueError("not a record")
     attributes = dict(data["attributes"])
-    attributes["torchelastic.delivered_by"] = "agent"
+    attributes[names.DELIVERED_BY] = "agent"
     if "span" in data:
         if tracer is None:
             return 0

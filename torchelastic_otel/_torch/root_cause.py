@@ -30,6 +30,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchelastic_otel import _names as names
+from torchelastic_otel import _settings
 from torchelastic_otel.events._otel import parse_error
 
 __all__ = [
@@ -44,7 +46,7 @@ __all__ = [
     "write_failure",
 ]
 
-FAILURE_DIR_ENV = "TORCHELASTIC_OTEL_FAILURE_DIR"
+FAILURE_DIR_ENV = _settings.FAILURE_DIR.name
 #: Bound on what a worker writes and the agent reads (a traceback of a deep recursion is megabytes).
 MAX_TEXT = 16384
 _NOT_AVAILABLE = "<N/A>"
@@ -297,17 +299,17 @@ def _int_or_none(value: Any) -> int | None:
 def attributes(cause: RootCause) -> dict[str, Any]:
     """The root cause as OpenTelemetry attributes (semantic conventions where there is one)."""
     out: dict[str, Any] = {
-        "torchelastic.root_cause.rank": cause.rank,
-        "torchelastic.root_cause.time_unix_nano": cause.time_unix_nano,
-        "torchelastic.root_cause.time_source": cause.time_source,
-        "torchelastic.root_cause.reason": cause.reason,
-        "torchelastic.root_cause.consequences": cause.consequences,
+        names.ROOT_CAUSE_RANK: cause.rank,
+        names.ROOT_CAUSE_TIME_UNIX_NANO: cause.time_unix_nano,
+        names.ROOT_CAUSE_TIME_SOURCE: cause.time_source,
+        names.ROOT_CAUSE_REASON: cause.reason,
+        names.ROOT_CAUSE_CONSEQUENCES: cause.consequences,
     }
     optional = {
-        "torchelastic.root_cause.local_rank": cause.local_rank,
+        names.ROOT_CAUSE_LOCAL_RANK: cause.local_rank,
         "process.pid": cause.pid,
         "process.exit.code": cause.exit_code,
-        "torchelastic.root_cause.signal": cause.signal,
+        names.ROOT_CAUSE_SIGNAL: cause.signal,
         "exception.type": cause.exception_type,
         "exception.message": cause.exception_message,
         "exception.stacktrace": cause.exception_stacktrace,

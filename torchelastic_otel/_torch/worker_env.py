@@ -25,7 +25,7 @@ The cases this has to get right:
   Python it runs is the worker. A script that runs several Pythons one after the other makes each one a worker in
   turn (each has the rank's output and failure records), the closest thing to "the worker" there is.
 - fork (``multiprocessing`` fork context, DataLoader's default, ``os.fork``): the child runs no ``sitecustomize``;
-  it is a copy of the worker, bridge included (``_runtime``'s fork handlers give it state of its own), and the
+  it is a copy of the worker, bridge included (``_process.runtime``'s fork handlers give it state of its own), and the
   mark in its environment names its parent: :func:`is_torchrun_worker` is ``False`` in it, and whatever Python it
   starts is a descendant.
 - spawn / forkserver / ``subprocess``: a new interpreter with the worker's environment: a descendant.
@@ -48,6 +48,8 @@ stdout and stderr are its worker's fds, captured by the worker already: it captu
 
 import os
 
+from torchelastic_otel import _settings
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -67,7 +69,7 @@ __all__ = [
 ]
 
 #: The mark of the first bridged Python process of a lineage (see above).
-WORKER_ENV = "TORCHELASTIC_OTEL_WORKER"
+WORKER_ENV = _settings.WORKER.name
 WORKER = "worker"
 DESCENDANT = "descendant"
 OTHER = "other"

@@ -23,6 +23,7 @@ from typing import Any
 
 from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._export.attributes import safe_str
+from torchelastic_otel.events import api
 from torchelastic_otel.events._otel import OtelEventHandler, OtelLoggingHandler
 from torchelastic_otel.events.api import (  # noqa: F401
     DEFAULT_EVENT_TYPE,
@@ -40,7 +41,6 @@ from torchelastic_otel.events.api import (  # noqa: F401
     record_event,
 )
 from torchelastic_otel.events.handlers import get_logging_handler
-from torchelastic_otel.events import api
 
 __all__ = [
     "Event",

@@ -11,7 +11,7 @@ Mapping (documented in the README):
 - metadata -> attributes under ``torchelastic.`` (None left out, containers made valid); torch's JSON-string
   ``metadata`` field is parsed into ``torchelastic.metadata.<key>``, its 1-element lists unwrapped;
 - trace and span ids: the caller's current span, which also receives the event as a span event;
-- every string (name, body, keys, values) goes through ``_attributes``: made encodable (lone surrogates become
+- every string (name, body, keys, values) goes through ``_export.attributes``: made encodable (lone surrogates become
   U+FFFD, counted as ``sanitized{reason="lone_surrogates"}``), so one event can never fail an export batch.
 
 The span event is added in the caller's thread (the current span is the caller's). The log record is buffered
@@ -31,8 +31,11 @@ from typing import Any
 from opentelemetry import context, trace
 from opentelemetry._logs import NoOpLogger, SeverityNumber
 
-from torchelastic_otel._export import attributes as _attributes, drainer as _drainer, selftelemetry
+from torchelastic_otel import _names as names
 from torchelastic_otel import pipeline
+from torchelastic_otel._export import attributes as _attributes
+from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._export import selftelemetry
 from torchelastic_otel.events.api import Event, EventHandler, RdzvEvent
 from torchelastic_otel.version import __version__
 
@@ -42,7 +45,7 @@ _logger = logging.getLogger("torchelastic_otel")
 
 PREFIX = "torchelastic."
 SCOPE = "torchelastic_otel"
-_STATUS_PREFIX = "torchelastic.worker.status."
+_STATUS_PREFIX = names.WORKER_STATUS_PREFIX
 
 _SEVERITY = {
     "FAILED": (SeverityNumber.ERROR, "ERROR"),
@@ -204,7 +207,7 @@ def to_log_fields(event: Event | RdzvEvent, now: int | None = None) -> dict[str,
     except (TypeError, ValueError, OverflowError):
         selftelemetry.count(selftelemetry.SANITIZED, "logs", "timestamp_invalid")
         timestamp = now
-    name = event.name if isinstance(event.name, str) and event.name else "torchelastic.event"
+    name = event.name if isinstance(event.name, str) and event.name else names.EVENT
     event_name = _attributes.attribute_value(name)
     return {
         "event_name": event_name,

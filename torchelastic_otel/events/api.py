@@ -13,9 +13,9 @@ from __future__ import annotations
 import abc
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from collections.abc import Callable
 from typing import Any, Union
 
 __all__ = [

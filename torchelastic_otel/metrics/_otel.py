@@ -7,7 +7,7 @@ drainer (``torchelastic_otel._export.drainer``): every 0.5 s, at the start of ev
 flush. A full buffer drops the newest value and counts it; nothing blocks the caller.
 
 A metric's group and name become the instrument name and its attributes; both are made encodable first
-(``_attributes.encodable``: lone surrogates become U+FFFD, counted once per distinct stream as
+(``_export.attributes.encodable``: lone surrogates become U+FFFD, counted once per distinct stream as
 ``sanitized{signal="metrics", reason="lone_surrogates"}``), so no value can fail a metric export.
 """
 
@@ -19,8 +19,10 @@ import math
 import time
 from typing import Any, Callable
 
-from torchelastic_otel._export import attributes as _attributes, drainer as _drainer, selftelemetry
 from torchelastic_otel import pipeline
+from torchelastic_otel._export import attributes as _attributes
+from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._export import selftelemetry
 from torchelastic_otel.metrics.api import MetricData, MetricHandler
 from torchelastic_otel.metrics.rules import DEFAULT_RULES, DURATION_BUCKETS_S, Binding, MetricRule, resolve
 from torchelastic_otel.version import __version__

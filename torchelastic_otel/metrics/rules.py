@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from torchelastic_otel import _names as names
+
 __all__ = ["MetricRule", "DEFAULT_RULES", "DURATION_BUCKETS_S", "valid_instrument_name", "Binding", "resolve"]
 
 InstrumentKind = Literal["counter", "histogram", "gauge", "updown_counter"]
@@ -79,23 +81,23 @@ _MS = 0.001
 
 #: The default table (documented in the README). Order matters: the first match wins.
 DEFAULT_RULES: tuple[MetricRule, ...] = (
-    MetricRule(_ROLE + r"remaining_restarts", "torchelastic.workers.remaining_restarts", "gauge",
+    MetricRule(_ROLE + r"remaining_restarts", names.WORKERS_REMAINING_RESTARTS, "gauge",
                unit="{restart}", attributes=("role",), description="Restarts the agent may still make"),
-    MetricRule(_ROLE + r"flakiness", "torchelastic.workers.flakiness", "gauge",
+    MetricRule(_ROLE + r"flakiness", names.WORKERS_FLAKINESS, "gauge",
                unit="%", attributes=("role",), description="Share of the restart budget used (100 when failed)"),
     MetricRule(_ROLE + r"(?P<state>init|healthy|unhealthy|stopped|succeeded|failed|unknown)",
-               "torchelastic.workers.state.observations", "counter", unit="{observation}",
+               names.WORKERS_STATE_OBSERVATIONS, "counter", unit="{observation}",
                attributes=("role", "state"), description="Monitor observations of the worker group, by state"),
-    MetricRule(_ROLE + r"run_total", "torchelastic.workers.runs", "counter",
+    MetricRule(_ROLE + r"run_total", names.WORKERS_RUNS, "counter",
                unit="{run}", attributes=("role",), description="Finished agent runs"),
-    MetricRule(_ROLE + r"run_(?P<outcome>(?:success|failed)_(?:with|no)_retries)", "torchelastic.workers.run_outcomes",
+    MetricRule(_ROLE + r"run_(?P<outcome>(?:success|failed)_(?:with|no)_retries)", names.WORKERS_RUN_OUTCOMES,
                "counter", unit="{run}", attributes=("role", "outcome"), description="Finished runs by outcome"),
-    MetricRule(_ROLE + r"restarts", "torchelastic.workers.restarts", "counter", unit="{restart}",
+    MetricRule(_ROLE + r"restarts", names.WORKERS_RESTARTS, "counter", unit="{restart}",
                attributes=("role",), description="Worker-group restarts (emitted by the bridge; torch has none)"),
     MetricRule(_ROLE + r"(?P<metric>[^.]+)", "torchelastic.workers.{metric}", "gauge", attributes=("role",)),
-    MetricRule(r"(?P<function>.+)\.(?P<outcome>success|failure)", "torchelastic.function.calls", "counter",
+    MetricRule(r"(?P<function>.+)\.(?P<outcome>success|failure)", names.FUNCTION_CALLS, "counter",
                unit="{call}", attributes=("function", "outcome"), description="Calls of @prof functions by outcome"),
-    MetricRule(r"(?P<function>.+)\.duration\.ms", "torchelastic.function.duration", "histogram", unit="s",
+    MetricRule(r"(?P<function>.+)\.duration\.ms", names.FUNCTION_DURATION, "histogram", unit="s",
                scale=_MS, attributes=("function",), description="Duration of @prof functions"),
     MetricRule(r"(?P<name>.+?)[._-](?:ms|millis|milliseconds)", "{name}", "histogram", unit="s", scale=_MS),
     MetricRule(r"(?P<name>.+(?:_total|\.total|\.count|_count))", "{name}", "counter"),

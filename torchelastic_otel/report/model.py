@@ -22,13 +22,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchelastic_otel import _names as names
 from torchelastic_otel.report.records import LogRecord, Point, Proc, Span, Telemetry
 
-ROOT_CAUSE_EVENT = "torchelastic.root_cause"
-FAILURE_EVENT = "torchelastic.worker.failure"
-EXCEPTION_EVENT = "torchelastic.worker.exception"
-TERMINATED_EVENT = "torchelastic.worker.terminated"
-RESTART_EVENT = "torchelastic.restart"
+ROOT_CAUSE_EVENT = names.ROOT_CAUSE
+FAILURE_EVENT = names.WORKER_FAILURE
+EXCEPTION_EVENT = names.WORKER_EXCEPTION
+TERMINATED_EVENT = names.WORKER_TERMINATED
+RESTART_EVENT = names.RESTART
 IOSTREAM = "log.iostream"
 _MAX_OUTPUT_LINES = 40  # per worker: the last lines of its stdout/stderr kept for the report
 
@@ -196,7 +197,7 @@ class Job:
 
 
 def _run_of(proc: Proc, attrs: dict[str, Any]) -> str | None:
-    run = proc.run_id or attrs.get("torchelastic.run_id")
+    run = proc.run_id or attrs.get(names.RUN_ID)
     return None if run is None else str(run)
 
 
@@ -255,7 +256,7 @@ def _build_job(job: Job) -> None:
 
 
 def _agent_procs(job: Job) -> list[Proc]:
-    procs = {s.proc for s in job.spans if s.name in ("torchelastic.run", "torchelastic.attempt")}
+    procs = {s.proc for s in job.spans if s.name in (names.RUN, names.ATTEMPT)}
     procs |= {r.proc for r in job.logs if r.proc.kind == "agent"}
     procs |= {s.proc for s in job.spans if s.proc.kind == "agent"}
     return sorted(procs, key=lambda p: (p.host, p.pid or 0))
@@ -269,9 +270,9 @@ def _agents(job: Job) -> list[Agent]:
     for proc in _agent_procs(job):
         spans = by_proc[proc]
         agent = Agent(proc.host, proc)
-        for run in (s for s in spans if s.name == "torchelastic.run"):
-            agent.run_state = as_str(run.attrs.get("torchelastic.run.state")) or agent.run_state
-        attempts = sorted((s for s in spans if s.name == "torchelastic.attempt"), key=lambda s: s.start)
+        for run in (s for s in spans if s.name == names.RUN):
+            agent.run_state = as_str(run.attrs.get(names.RUN_STATE)) or agent.run_state
+        attempts = sorted((s for s in spans if s.name == names.ATTEMPT), key=lambda s: s.start)
         agent.attempts = [_attempt(s, spans) for s in attempts]
         times = [t for s in spans for t in (s.start, s.end)]
         agent.start, agent.end = (min(times), max(times)) if times else (job.start, job.end)
@@ -288,7 +289,7 @@ def _only_host(job: Job) -> str:
 
 def _attempt(span: Span, agent_spans: list[Span]) -> Attempt:
     attempt = Attempt(
-        restart=as_int(span.attrs.get("torchelastic.restart_count")) or 0,
+        restart=as_int(span.attrs.get(names.RESTART_COUNT)) or 0,
         start=span.start,
         end=span.end,
         failed=span.failed,
@@ -297,7 +298,7 @@ def _attempt(span: Span, agent_spans: list[Span]) -> Attempt:
         span_id=span.span_id,
     )
     attempt.rendezvous = [
-        (s.start, s.end) for s in agent_spans if s.parent_id == span.span_id and s.name == "torchelastic.rendezvous"
+        (s.start, s.end) for s in agent_spans if s.parent_id == span.span_id and s.name == names.RENDEZVOUS
     ]
     return attempt
 
@@ -310,7 +311,7 @@ def _attempts_from_workers(job: Job) -> list[Attempt]:
             restarts[proc.restart].append(time)
     for rec in job.logs:
         if rec.name == FAILURE_EVENT:
-            restarts[as_int(rec.attrs.get("torchelastic.restart_count")) or 0].append(rec.time)
+            restarts[as_int(rec.attrs.get(names.RESTART_COUNT)) or 0].append(rec.time)
     return [
         Attempt(restart=r, start=min(ts), end=max(ts), ended=False)
         for r, ts in sorted(restarts.items())
@@ -350,13 +351,13 @@ def _worker_records(
         if run is None:
             continue
         _seen(run, span.start, span.end)
-        if span.name == "torchelastic.worker.start":
+        if span.name == names.WORKER_START:
             run.start = span.start if not run.start else min(run.start, span.start)
             run.parent_span = span.parent_id
             if span.proc.kind == "worker":
                 run.proc, run.pid = span.proc, span.proc.pid  # the worker's own process
             else:  # sent by its agent
-                run.pid = run.pid or as_int(span.attrs.get("torchelastic.worker_pid"))
+                run.pid = run.pid or as_int(span.attrs.get(names.WORKER_PID))
         else:
             run.spans.append(span)
     for rec in job.logs:
@@ -371,7 +372,7 @@ def _worker_records(
             run.state = "failed"
             run.failed_at = rec.time
         elif rec.name == TERMINATED_EVENT:
-            run.stack = as_str(rec.attrs.get("torchelastic.stack"))
+            run.stack = as_str(rec.attrs.get(names.STACK))
             run.state = "terminated"
         if IOSTREAM in rec.attrs:
             run.output.append(rec)
@@ -384,28 +385,28 @@ def _delivered_by_agent(
 ) -> WorkerRun | None:
     """A worker's final record (or start span) its agent sent for it (``torchelastic.delivered_by``): it comes with
     the agent's resource, and names its worker by rank and restart in its attributes."""
-    if rec.attrs.get("torchelastic.delivered_by") != "agent":
+    if rec.attrs.get(names.DELIVERED_BY) != "agent":
         return None
-    rank = as_int(rec.attrs.get("torchelastic.global_rank"))
+    rank = as_int(rec.attrs.get(names.GLOBAL_RANK))
     if rank is None:
         return None
-    restart = as_int(rec.attrs.get("torchelastic.restart_count")) or 0
+    restart = as_int(rec.attrs.get(names.RESTART_COUNT)) or 0
     key = next((k for k in runs if k[1:] == (restart, rank)), (rec.proc.host, restart, rank))
-    return runs.setdefault(key, WorkerRun(rank, restart, rec.proc.host, as_int(rec.attrs.get("torchelastic.local_rank"))))
+    return runs.setdefault(key, WorkerRun(rank, restart, rec.proc.host, as_int(rec.attrs.get(names.LOCAL_RANK))))
 
 
 def _agent_status(rec: LogRecord, runs: dict[tuple[str, int, int | None], WorkerRun]) -> None:
     """The agent's worker status events (START, SUCCEEDED, FAILED) name workers even without their own telemetry."""
-    if not rec.name.startswith("torchelastic.worker.status.") or rec.attrs.get("torchelastic.source") != "WORKER":
+    if not rec.name.startswith(names.WORKER_STATUS_PREFIX) or rec.attrs.get(names.SOURCE) != "WORKER":
         return
-    rank = as_int(rec.attrs.get("torchelastic.global_rank"))
-    restart = as_int(rec.attrs.get("torchelastic.agent_restarts")) or 0
+    rank = as_int(rec.attrs.get(names.GLOBAL_RANK))
+    restart = as_int(rec.attrs.get(names.AGENT_RESTARTS)) or 0
     if rank is None:
         return
     key = next((k for k in runs if k[1:] == (restart, rank)), (rec.proc.host, restart, rank))
-    local_rank = as_int(rec.attrs.get("torchelastic.metadata.local_rank"))
+    local_rank = as_int(rec.attrs.get(names.METADATA_LOCAL_RANK))
     run = runs.setdefault(key, WorkerRun(rank, restart, rec.proc.host, local_rank))
-    run.pid = run.pid or as_int(rec.attrs.get("torchelastic.worker_id"))
+    run.pid = run.pid or as_int(rec.attrs.get(names.WORKER_ID))
     if rec.name.endswith(".SUCCEEDED") and run.state == "unknown":
         run.state = "succeeded"
 
@@ -431,17 +432,17 @@ def _failures(job: Job) -> list[Failure]:
 
 def _failure(time: int, attrs: dict[str, Any], host: str) -> Failure:
     return Failure(
-        rank=as_int(attrs.get("torchelastic.global_rank")),
-        local_rank=as_int(attrs.get("torchelastic.local_rank")),
-        restart=as_int(attrs.get("torchelastic.restart_count")) or 0,
+        rank=as_int(attrs.get(names.GLOBAL_RANK)),
+        local_rank=as_int(attrs.get(names.LOCAL_RANK)),
+        restart=as_int(attrs.get(names.RESTART_COUNT)) or 0,
         time=time,
-        exit_code=as_int(attrs.get("torchelastic.exit_code")),
-        signal=as_str(attrs.get("torchelastic.signal")),
+        exit_code=as_int(attrs.get(names.EXIT_CODE)),
+        signal=as_str(attrs.get(names.SIGNAL)),
         exc_type=as_str(attrs.get("exception.type")),
         exc_message=as_str(attrs.get("exception.message")),
         stacktrace=as_str(attrs.get("exception.stacktrace")),
         host=host,
-        pid=as_int(attrs.get("torchelastic.worker_pid")),
+        pid=as_int(attrs.get(names.WORKER_PID)),
     )
 
 
@@ -515,7 +516,7 @@ def output_lines(run: WorkerRun, stacktrace: str = "") -> list[str]:
     return lines
 
 
-_RC = "torchelastic.root_cause."
+_RC = names.ROOT_CAUSE_PREFIX
 _FINAL = ("succeeded", "failed", "terminated")
 
 
@@ -523,7 +524,7 @@ def _root_cause_record(job: Job, attempt: Attempt) -> RootCause | None:
     """The agent's own verdict: a ``torchelastic.root_cause`` record, or its attributes on the attempt span."""
     records = [
         r for r in job.logs
-        if r.name == ROOT_CAUSE_EVENT and (as_int(r.attrs.get("torchelastic.restart_count")) or 0) == attempt.restart
+        if r.name == ROOT_CAUSE_EVENT and (as_int(r.attrs.get(names.RESTART_COUNT)) or 0) == attempt.restart
     ]  # fmt: skip
     records.sort(key=lambda r: r.proc.host != attempt.host)  # this agent's own verdict first
     if records:
@@ -595,8 +596,8 @@ def _restarts(job: Job) -> list[Restart]:
         items = [(r.time, r.attrs, r.proc) for r in job.logs if r.name == RESTART_EVENT]
     return sorted(
         (
-            Restart(time, as_int(attrs.get("torchelastic.restart_count")),
-                    as_str(attrs.get("torchelastic.restart.reason") or attrs.get("torchelastic.reason")), proc.host)
+            Restart(time, as_int(attrs.get(names.RESTART_COUNT)),
+                    as_str(attrs.get(names.RESTART_REASON) or attrs.get(names.REASON)), proc.host)
             for time, attrs, proc in items
         ),
         key=lambda r: r.time,

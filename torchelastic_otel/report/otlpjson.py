@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from torchelastic_otel import _names as names
 from torchelastic_otel.report.records import LogRecord, Point, Proc, Span, SpanEvent, Telemetry
 
 __all__ = ["ReportError", "read", "find_files"]
@@ -127,16 +128,16 @@ class _Procs:
 
     @staticmethod
     def _make(res: dict[str, Any]) -> Proc:
-        rank = _int(res.get("torchelastic.rank"))
-        kind = str(res.get("torchelastic.process.kind") or ("worker" if rank is not None else "process"))
+        rank = _int(res.get(names.RANK))
+        kind = str(res.get(names.PROCESS_KIND) or ("worker" if rank is not None else "process"))
         return Proc(
             kind=kind if kind in ("agent", "worker") else "process",
             host=str(res.get("host.name", "")),
             pid=_int(res.get("process.pid")),
-            run_id=None if res.get("torchelastic.run_id") is None else str(res["torchelastic.run_id"]),
+            run_id=None if res.get(names.RUN_ID) is None else str(res[names.RUN_ID]),
             rank=rank,
-            local_rank=_int(res.get("torchelastic.local_rank")),
-            restart=_int(res.get("torchelastic.restart_count")),
+            local_rank=_int(res.get(names.LOCAL_RANK)),
+            restart=_int(res.get(names.RESTART_COUNT)),
             service=str(res.get("service.name", "unknown_service")),
         )
 

@@ -26,6 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchelastic_otel import _names as names
 from torchelastic_otel.report.model import (
     EXCEPTION_EVENT,
     TERMINATED_EVENT,
@@ -38,11 +39,11 @@ from torchelastic_otel.report.records import LogRecord, Point
 __all__ = ["Training", "RankSteps", "Stall", "Missing", "analyze", "summary", "STRAGGLER_RATIO"]
 
 STRAGGLER_RATIO = 1.2
-ARRIVAL = "torchelastic.worker.step.arrival"
-DURATION = "torchelastic.worker.step.duration"
-STALLED_EVENT = "torchelastic.worker.stalled"
+ARRIVAL = names.WORKER_STEP_ARRIVAL
+DURATION = names.WORKER_STEP_DURATION
+STALLED_EVENT = names.WORKER_STALLED
 _SUMMARY_EVENTS = (STALLED_EVENT, TERMINATED_EVENT, EXCEPTION_EVENT)
-_COLLECTIVES = "torchelastic.collectives."
+_COLLECTIVES = names.COLLECTIVES_PREFIX
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+), in (?P<function>.*)$')
 
 
@@ -197,13 +198,13 @@ def _thin(points: list[tuple[int, float]], limit: int) -> list[tuple[int, float]
 
 
 def _rank_of(rec: LogRecord) -> int | None:
-    return rec.proc.rank if rec.proc.rank is not None else as_int(rec.attrs.get("torchelastic.global_rank"))
+    return rec.proc.rank if rec.proc.rank is not None else as_int(rec.attrs.get(names.GLOBAL_RANK))
 
 
 def _restart_of(rec: LogRecord) -> int:
     if rec.proc.restart is not None:
         return rec.proc.restart
-    return as_int(rec.attrs.get("torchelastic.restart_count")) or 0
+    return as_int(rec.attrs.get(names.RESTART_COUNT)) or 0
 
 
 def stack_top(stack: str) -> str:
@@ -228,10 +229,10 @@ def _code(attrs: dict[str, Any]) -> str:
 def _stalls(job: Job) -> list[Stall]:
     found: dict[tuple[int, int | None, int], Stall] = {}
     for rec in sorted((r for r in job.logs if r.name == STALLED_EVENT), key=lambda r: r.time):
-        since = as_int(rec.attrs.get("torchelastic.stalled.since_unix_nano")) or rec.time
+        since = as_int(rec.attrs.get(names.STALLED_SINCE_UNIX_NANO)) or rec.time
         key = (_restart_of(rec), _rank_of(rec), since)
-        seconds = _float(rec.attrs.get("torchelastic.stalled.seconds"))
-        stack = as_str(rec.attrs.get("torchelastic.stack"))
+        seconds = _float(rec.attrs.get(names.STALLED_SECONDS))
+        stack = as_str(rec.attrs.get(names.STACK))
         stall = found.get(key)
         if stall is None:
             found[key] = Stall(key[1], key[0], rec.proc.host, since, rec.time, seconds, 1, stack_top(stack),

@@ -10,15 +10,16 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable
 
+from torchelastic_otel import _names as names
 from torchelastic_otel.report.records import Span
 
 #: span attributes worth a place on a tree line (the prefix ``torchelastic.`` is left out there)
 KEY_ATTRIBUTES = (
-    "torchelastic.restart.reason",
-    "torchelastic.failed_ranks",
-    "torchelastic.run.state",
-    "torchelastic.state",
-    "torchelastic.root_cause.rank",
+    names.RESTART_REASON,
+    names.FAILED_RANKS,
+    names.RUN_STATE,
+    names.STATE,
+    names.ROOT_CAUSE_RANK,
 )
 
 
@@ -32,11 +33,11 @@ def who(span: Span) -> str:
 
 
 #: spans whose line names their restart count (on the others it is the same as their parent's)
-_COUNTED = ("torchelastic.run", "torchelastic.attempt", "torchelastic.restart")
+_COUNTED = (names.RUN, names.ATTEMPT, names.RESTART)
 
 
 def label(span: Span, count: int) -> str:
-    keys = (("torchelastic.restart_count",) if span.name in _COUNTED else ()) + KEY_ATTRIBUTES
+    keys = ((names.RESTART_COUNT,) if span.name in _COUNTED else ()) + KEY_ATTRIBUTES
     attrs = ", ".join(f"{k.split('.', 1)[1]}={_short(span.attrs[k])}" for k in keys if k in span.attrs)
     status = " [ERROR]" if span.failed else ""
     times = f" x{count}" if count > 1 else ""

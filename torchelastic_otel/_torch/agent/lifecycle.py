@@ -36,8 +36,10 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from torchelastic_otel._export import attributes as _attributes, selftelemetry
 from torchelastic_otel import _compat, pipeline
+from torchelastic_otel import _names as names
+from torchelastic_otel._export import attributes as _attributes
+from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._torch import final_words, root_cause
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.events import _otel as event_adapter
@@ -126,12 +128,12 @@ def _run_attributes(agent: Any) -> dict[str, Any]:
     spec = _spec(agent)
     rdzv = spec.rdzv_handler
     attributes = {
-        "torchelastic.run_id": str(rdzv.get_run_id()),
-        "torchelastic.role": str(spec.role),
-        "torchelastic.rdzv_backend": str(rdzv.get_backend()),
-        "torchelastic.max_restarts": int(spec.max_restarts),
-        "torchelastic.local_world_size": int(spec.local_world_size),
-        "torchelastic.entrypoint": str(spec.get_entrypoint_name()),
+        names.RUN_ID: str(rdzv.get_run_id()),
+        names.ROLE: str(spec.role),
+        names.RDZV_BACKEND: str(rdzv.get_backend()),
+        names.MAX_RESTARTS: int(spec.max_restarts),
+        names.LOCAL_WORLD_SIZE: int(spec.local_world_size),
+        names.ENTRYPOINT: str(spec.get_entrypoint_name()),
     }
     return _attributes.encodable_attributes(attributes, "traces")  # a run id or argv may hold lone surrogates
 
@@ -150,8 +152,8 @@ def _wrap_run(orig: Callable[..., Any], metric_emit: Callable[[MetricData], None
         state = _state(self)
         attributes = _safe(_run_attributes, self) or {}
         state.run_attributes = attributes
-        parent = _safe(run_parent_context, attributes.get("torchelastic.run_id", ""))
-        span = _tracer().start_span("torchelastic.run", context=parent, attributes=attributes)
+        parent = _safe(run_parent_context, attributes.get(names.RUN_ID, ""))
+        span = _tracer().start_span(names.RUN, context=parent, attributes=attributes)
         state.run = span
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
@@ -166,7 +168,7 @@ def _wrap_run(orig: Callable[..., Any], metric_emit: Callable[[MetricData], None
         finally:
             _end_attempt(state)
             otel_context.detach(token)
-            span.set_attribute("torchelastic.restart_count", _restart_count(self))
+            span.set_attribute(names.RESTART_COUNT, _restart_count(self))
             span.end()
             pipeline.flush(timeout_millis=pipeline.EXIT_TIMEOUT_MILLIS)
 
@@ -176,10 +178,10 @@ def _wrap_run(orig: Callable[..., Any], metric_emit: Callable[[MetricData], None
 def _finish_run(span: trace.Span, result: Any) -> None:
     if result is None:
         return
-    span.set_attribute("torchelastic.run.state", str(getattr(result.state, "name", result.state)))
+    span.set_attribute(names.RUN_STATE, str(getattr(result.state, "name", result.state)))
     if result.is_failed():
         ranks = sorted(int(r) for r in result.failures)
-        span.set_attribute("torchelastic.failed_ranks", ranks)
+        span.set_attribute(names.FAILED_RANKS, ranks)
         span.set_status(Status(StatusCode.ERROR, f"worker group failed (ranks {ranks})"))
 
 
@@ -191,8 +193,8 @@ def _wrap_initialize(orig: Callable[..., Any]) -> Callable[..., Any]:
         state.failure_seen = False
         restart_count = _restart_count(self)
         attempt = _tracer().start_span(
-            "torchelastic.attempt",
-            attributes={**state.run_attributes, "torchelastic.restart_count": restart_count},
+            names.ATTEMPT,
+            attributes={**state.run_attributes, names.RESTART_COUNT: restart_count},
         )
         state.attempt = attempt
         with trace.use_span(attempt, end_on_exit=False, record_exception=False):
@@ -215,9 +217,9 @@ def _wrap_span(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         state = _state(self)
-        attributes = {"torchelastic.restart_count": _restart_count(self)}
-        if "torchelastic.run_id" in state.run_attributes:
-            attributes["torchelastic.run_id"] = state.run_attributes["torchelastic.run_id"]
+        attributes = {names.RESTART_COUNT: _restart_count(self)}
+        if names.RUN_ID in state.run_attributes:
+            attributes[names.RUN_ID] = state.run_attributes[names.RUN_ID]
         with _tracer().start_as_current_span(name, attributes=attributes):
             return orig(self, *args, **kwargs)
 
@@ -229,14 +231,14 @@ def _wrap_start(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _start_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
         state = _state(self)
         with _tracer().start_as_current_span(
-            "torchelastic.workers.start",
-            attributes={"torchelastic.restart_count": _restart_count(self)},
+            names.WORKERS_START,
+            attributes={names.RESTART_COUNT: _restart_count(self)},
         ) as span:
             parent = state.attempt if state.attempt is not None else span
             with _environ_for_workers(_safe(_worker_env, parent) or {}):
                 result = orig(self, worker_group, *args, **kwargs)
             if isinstance(result, dict):
-                span.set_attribute("torchelastic.worker_pids", [int(p) for p in result.values() if _is_int(p)])
+                span.set_attribute(names.WORKER_PIDS, [int(p) for p in result.values() if _is_int(p)])
             return result
 
     return _start_workers
@@ -334,24 +336,24 @@ def _observe_monitor(agent: Any, worker_group: Any, result: Any) -> None:
     failures = getattr(result, "failures", {}) or {}
     ranks = sorted(int(r) for r in failures)
     span = _tracer().start_span(
-        "torchelastic.workers.failure",
+        names.WORKERS_FAILURE,
         context=ctx,
         attributes={
-            "torchelastic.state": name,
-            "torchelastic.failed_ranks": ranks,
-            "torchelastic.restart_count": _restart_count(agent),
-            "torchelastic.remaining_restarts": _remaining_restarts(agent),
+            names.STATE: name,
+            names.FAILED_RANKS: ranks,
+            names.RESTART_COUNT: _restart_count(agent),
+            names.REMAINING_RESTARTS: _remaining_restarts(agent),
         },
     )
     with trace.use_span(span, end_on_exit=True):
         for rank, failure in sorted(failures.items()):
             error_data = getattr(failure, "error_file_data", None)
             _record_event(
-                "torchelastic.worker.failure",
+                names.WORKER_FAILURE,
                 {
                     "state": "FAILED",
-                    "run_id": state.run_attributes.get("torchelastic.run_id"),
-                    "role": state.run_attributes.get("torchelastic.role"),
+                    "run_id": state.run_attributes.get(names.RUN_ID),
+                    "role": state.run_attributes.get(names.ROLE),
                     "global_rank": int(rank),
                     "local_rank": getattr(failure, "local_rank", None),
                     "exit_code": getattr(failure, "exitcode", None),
@@ -381,26 +383,26 @@ def _report_root_cause(agent: Any, state: _AgentState, worker_group: Any, failur
     attributes = _attributes.encodable_attributes({**root_cause.attributes(cause), "host.name": host}, "traces")
     metadata = {
         "state": "FAILED",
-        "run_id": state.run_attributes.get("torchelastic.run_id"),
-        "role": state.run_attributes.get("torchelastic.role"),
+        "run_id": state.run_attributes.get(names.RUN_ID),
+        "role": state.run_attributes.get(names.ROLE),
         "restart_count": _restart_count(agent),
     }
-    event = Event("torchelastic.root_cause", EventSource.AGENT, cause.time_unix_nano // 1_000_000, metadata)
+    event = Event(names.ROOT_CAUSE, EventSource.AGENT, cause.time_unix_nano // 1_000_000, metadata)
     event_adapter.export_event(event, attributes)
     for span in (state.attempt, state.run):
         if span is not None:
             span.set_attributes(attributes)
     gauge = pipeline.get_pipeline().meter_provider.get_meter(SCOPE, __version__).create_gauge(
-        "torchelastic.root_cause.time", unit="s", description="When the first failed rank of an attempt failed"
+        names.ROOT_CAUSE_TIME, unit="s", description="When the first failed rank of an attempt failed"
     )
     gauge.set(
         cause.time_unix_nano / 1e9,
         {
-            "torchelastic.run_id": str(metadata["run_id"] or ""),
-            "torchelastic.role": str(metadata["role"] or ""),
-            "torchelastic.restart_count": int(metadata["restart_count"]),
-            "torchelastic.root_cause.rank": cause.rank,
-            "torchelastic.root_cause.reason": cause.reason,
+            names.RUN_ID: str(metadata["run_id"] or ""),
+            names.ROLE: str(metadata["role"] or ""),
+            names.RESTART_COUNT: int(metadata["restart_count"]),
+            names.ROOT_CAUSE_RANK: cause.rank,
+            names.ROOT_CAUSE_REASON: cause.reason,
             "host.name": host,
         },
     )
@@ -431,21 +433,21 @@ def _wrap_restart(orig: Callable[..., Any], metric_emit: Callable[[MetricData], 
         reason = "failure" if state.last_state in ("FAILED", "UNHEALTHY") else "membership_change"
         role = str(getattr(_spec(self), "role", "default"))
         attributes = {
-            "torchelastic.restart_count": restart_count,
-            "torchelastic.restart.reason": reason,
-            "torchelastic.remaining_restarts": _remaining_restarts(self),
+            names.RESTART_COUNT: restart_count,
+            names.RESTART_REASON: reason,
+            names.REMAINING_RESTARTS: _remaining_restarts(self),
         }
-        with _tracer().start_as_current_span("torchelastic.restart", attributes=attributes):
+        with _tracer().start_as_current_span(names.RESTART, attributes=attributes):
             _safe(
                 _record_event,
-                "torchelastic.restart",
+                names.RESTART,
                 {
                     "state": "RESTART",
-                    "run_id": state.run_attributes.get("torchelastic.run_id"),
+                    "run_id": state.run_attributes.get(names.RUN_ID),
                     "role": role,
                     "restart_count": restart_count,
                     "reason": reason,
-                    "remaining_restarts": attributes["torchelastic.remaining_restarts"],
+                    "remaining_restarts": attributes[names.REMAINING_RESTARTS],
                 },
             )
             _safe(metric_emit, MetricData(time.time(), "torchelastic", f"workers.{role}.restarts", 1))
@@ -455,7 +457,7 @@ def _wrap_restart(orig: Callable[..., Any], metric_emit: Callable[[MetricData], 
 
 
 def _wrap_stop(orig: Callable[..., Any]) -> Callable[..., Any]:
-    inner = _wrap_span("torchelastic.workers.stop", orig)
+    inner = _wrap_span(names.WORKERS_STOP, orig)
 
     @functools.wraps(orig)
     def _stop_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -469,7 +471,7 @@ def _wrap_stop(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _wrap_shutdown(orig: Callable[..., Any]) -> Callable[..., Any]:
-    inner = _wrap_span("torchelastic.agent.shutdown", orig)
+    inner = _wrap_span(names.AGENT_SHUTDOWN, orig)
 
     @functools.wraps(orig)
     def _shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -497,7 +499,7 @@ def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None
     patches.on_restore(root_cause.discard_failure_dir)  # made when the first workers start (``_worker_env``)
     wrap(SimpleElasticAgent, "run", lambda f: _wrap_run(f, metric_emit))
     wrap(SimpleElasticAgent, "_initialize_workers", _wrap_initialize)
-    wrap(SimpleElasticAgent, "_rendezvous", lambda f: _wrap_span("torchelastic.rendezvous", f))
+    wrap(SimpleElasticAgent, "_rendezvous", lambda f: _wrap_span(names.RENDEZVOUS, f))
     wrap(SimpleElasticAgent, "_restart_workers", lambda f: _wrap_restart(f, metric_emit))
     wrap(LocalElasticAgent, "_start_workers", _wrap_start)
     wrap(LocalElasticAgent, "_monitor_workers", _wrap_monitor)

@@ -42,7 +42,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from torchelastic_otel._process import runtime, stacks as _stacks
+from torchelastic_otel import _settings
+from torchelastic_otel._process import runtime
+from torchelastic_otel._process import stacks as _stacks
 from torchelastic_otel._settings import EXIT_TIMEOUT_MILLIS, sdk_disabled
 from torchelastic_otel._torch.worker_env import is_torchrun_worker
 
@@ -51,10 +53,10 @@ if TYPE_CHECKING:
 
 __all__ = ["start", "sync", "capturing", "ENABLE_ENV", "CAPTURED_ENV"]
 
-ENABLE_ENV = "TORCHELASTIC_OTEL_WORKER_OUTPUT"
+ENABLE_ENV = _settings.WORKER_OUTPUT.name
 #: Set in a captured worker's environment (the pids of its two output processes): its child processes inherit the
 #: captured fds, so their output is the worker's already and they do not capture it again.
-CAPTURED_ENV = "TORCHELASTIC_OTEL_WORKER_OUTPUT_READER"
+CAPTURED_ENV = _settings.OUTPUT_READER.name
 #: How long a worker waits at exit or SIGTERM for its output to be on its way (a reader keeping up answers at once).
 SYNC_MILLIS = min(500, EXIT_TIMEOUT_MILLIS)
 #: A worker's pipes hold this much before a write waits for the reader (Linux's limit for unprivileged users).
@@ -87,8 +89,8 @@ def wanted() -> bool:
     exporters = {name.strip().lower() for name in env.get("OTEL_LOGS_EXPORTER", "otlp").split(",")}
     return (
         is_torchrun_worker()
-        and env.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
-        and not env.get(CAPTURED_ENV)
+        and _settings.WORKER_OUTPUT.get()
+        and not _settings.OUTPUT_READER.get()
         and not sdk_disabled()
         and bool(exporters - {"", "none", "console"})
         and hasattr(os, "fork")

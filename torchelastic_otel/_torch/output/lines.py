@@ -13,24 +13,16 @@ overwrites it, so the text after the last one is the line. Empty lines are not r
 from __future__ import annotations
 
 import collections
-import os
 import time
 from dataclasses import dataclass
 
+from torchelastic_otel import _settings
 from torchelastic_otel._export import selftelemetry
 
 __all__ = ["Limits", "Line", "Lines", "TAIL_LINES"]
 
 #: The last over-limit lines kept for the end of a worker's output (exported when it ends, never rate-limited).
 TAIL_LINES = 100
-
-
-def _env_number(name: str, default: float) -> float:
-    try:
-        value = float(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
-    return value if value >= 0 else default
 
 
 @dataclass(frozen=True)
@@ -44,9 +36,9 @@ class Limits:
     @classmethod
     def from_env(cls) -> Limits:
         return cls(
-            max_line=max(16, int(_env_number("TORCHELASTIC_OTEL_WORKER_OUTPUT_MAX_LINE", cls.max_line))),
-            rate=_env_number("TORCHELASTIC_OTEL_WORKER_OUTPUT_RATE", cls.rate),
-            burst=max(1, int(_env_number("TORCHELASTIC_OTEL_WORKER_OUTPUT_BURST", cls.burst))),
+            max_line=_settings.WORKER_OUTPUT_MAX_LINE.get(),
+            rate=_settings.WORKER_OUTPUT_RATE.get(),
+            burst=_settings.WORKER_OUTPUT_BURST.get(),
         )
 
 

@@ -12,7 +12,7 @@ chunks become lines (``output_lines``: cut, rate-limited, the tail kept) and the
 - scope ``torchelastic_otel.worker.output``; resource: the worker's (run, role, ranks, restart count from
   torchrun's environment), with this process's ``process.pid`` and the worker's as ``process.parent_pid``.
 
-The pipeline is built from ``OTEL_*`` by the bridge's ``_providers`` on the first frame, so a worker that prints
+The pipeline is built from ``OTEL_*`` by the bridge's ``_export.providers`` on the first frame, so a worker that prints
 nothing costs no exporter. Its meter provider exports the counters of what was dropped here (push exporters
 only: a Prometheus port is the worker's). This process is single-threaded: when it falls behind (a burst while its
 exporter catches up), the frames wait in the pipe and then are dropped by the pass-through process (counted),
@@ -29,8 +29,9 @@ from typing import Any, NoReturn
 
 from opentelemetry._logs import SeverityNumber
 
-from torchelastic_otel._export import bounded as _bounded, selftelemetry
 from torchelastic_otel import _compat
+from torchelastic_otel._export import bounded as _bounded
+from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._torch.output.lines import Limits, Line, Lines
 from torchelastic_otel._torch.output.passthrough import HEADER, MIDLINE, STREAMS, detach
 from torchelastic_otel.version import __version__
@@ -134,7 +135,7 @@ class Records:
 
 
 class _Pipeline:
-    """This process's logger and meter providers, built by the bridge's ``_providers`` from ``OTEL_*``."""
+    """This process's logger and meter providers, built by the bridge's ``_export.providers`` from ``OTEL_*``."""
 
     def __init__(self, worker_pid: int) -> None:
         from opentelemetry.sdk.resources import Resource

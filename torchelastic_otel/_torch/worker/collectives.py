@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from torchelastic_otel import _compat
+from torchelastic_otel import _compat, _settings
 from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._torch.worker import steps
 
@@ -47,14 +46,9 @@ _logger = logging.getLogger("torchelastic_otel")
 
 
 def _interval() -> float | None:
-    raw = os.environ.get("TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL", "").strip()
-    if not raw:
-        return None
-    try:
-        return max(1.0, float(raw))
-    except ValueError:
-        selftelemetry.count(selftelemetry.SANITIZED, "metrics", "invalid_collectives_interval")
-        return None
+    return _settings.COLLECTIVES_INTERVAL.get(
+        on_invalid=lambda: selftelemetry.count(selftelemetry.SANITIZED, "metrics", "invalid_collectives_interval")
+    )
 
 
 #: Seconds between two reads of the Flight Recorder's entries (the arrival of each step), when set.

@@ -9,7 +9,7 @@ carries the run, role and ranks (``torchelastic_otel.resource``). Here:
 - SIGTERM (how the agent stops workers) exports a ``torchelastic.worker.terminated`` record with the Python stack
   of every thread and flushes before the process ends -- also when the rank is blocked in native code (a
   collective, ``init_process_group``), where a Python handler would not run before the agent's SIGKILL
-  (``_signals``); the process then dies of SIGTERM as it would without the bridge;
+  (``_process.signals``); the process then dies of SIGTERM as it would without the bridge;
 - an uncaught exception is exported as a ``torchelastic.worker.exception`` event (ERROR, with the traceback) and
   flushed at once: after gloo use the interpreter may abort at exit before ``atexit`` would run;
 - Python ``logging`` records become log records (``worker_logging``). The worker's stdout and stderr are captured
@@ -22,20 +22,21 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
-from types import FrameType
 from typing import Any
 
 from opentelemetry import context as otel_context
 
-from torchelastic_otel._export import attributes as _attributes
-from torchelastic_otel._process import runtime, stacks as _stacks
+from torchelastic_otel import _names as names
 from torchelastic_otel import pipeline
+from torchelastic_otel._export import attributes as _attributes
+from torchelastic_otel._process import runtime
+from torchelastic_otel._process import stacks as _stacks
 from torchelastic_otel._torch import final_words, root_cause
-from torchelastic_otel._torch.worker import training, log_records as worker_logging
 from torchelastic_otel._torch.patches import Patches
+from torchelastic_otel._torch.worker import log_records as worker_logging
+from torchelastic_otel._torch.worker import training
 from torchelastic_otel._torch.worker_env import agent_context, is_torchrun_worker, worker_metadata
 from torchelastic_otel.events import _otel as event_adapter
 from torchelastic_otel.events.api import Event, EventSource
@@ -87,13 +88,13 @@ def _join_agent_trace(patches: Patches) -> None:
 
     def start_span() -> None:
         tracer = pipeline.get_pipeline().tracer_provider.get_tracer("torchelastic_otel", __version__)
-        tracer.start_span("torchelastic.worker.start", context=ctx, start_time=start_ns, attributes=attributes).end(
+        tracer.start_span(names.WORKER_START, context=ctx, start_time=start_ns, attributes=attributes).end(
             end_time=end_ns
         )
 
     def hand_to_agent() -> bool:
         """An exit before the pipeline was built: the agent sends the span (``final_words``), if there is one."""
-        return final_words.write_span("torchelastic.worker.start", start_ns, end_ns, attributes, ctx) is not None
+        return final_words.write_span(names.WORKER_START, start_ns, end_ns, attributes, ctx) is not None
 
     pipeline.when_ready(start_span)  # a worker's pipeline is built beside its start-up (``pipeline``)
     runtime.add_unbuilt_exit_hook(hand_to_agent)
@@ -197,7 +198,7 @@ def _terminated_record(signum: int, stacks: _stacks.Stacks) -> Any:
     code = {}
     if frame is not None:
         code = {"code.file.path": frame.path, "code.line.number": frame.line, "code.function.name": frame.function}
-    _final_words(Event("torchelastic.worker.terminated", EventSource.WORKER, metadata=metadata), code)
+    _final_words(Event(names.WORKER_TERMINATED, EventSource.WORKER, metadata=metadata), code)
     return _confirm()
 
 
@@ -218,7 +219,7 @@ def _install_excepthook(patches: Patches) -> None:
                 root_cause.write_failure(exc_type, exc, tb)  # first: the agent ranks the failures by it
                 text = "".join(traceback.format_exception(exc_type, exc, tb))
                 metadata = {**_final_metadata(), "state": "FAILED", "raw_error": text}
-                _final_words(Event("torchelastic.worker.exception", EventSource.WORKER, metadata=metadata))
+                _final_words(Event(names.WORKER_EXCEPTION, EventSource.WORKER, metadata=metadata))
                 confirm = _confirm()
                 confirm(runtime.final_flush(FLUSH_TIMEOUT_MILLIS))
         except Exception:

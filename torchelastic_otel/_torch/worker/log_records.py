@@ -33,12 +33,13 @@ from typing import Any
 
 from opentelemetry import context, trace
 
-from torchelastic_otel._export import drainer as _drainer, selftelemetry
-from torchelastic_otel import pipeline
+from torchelastic_otel import _settings, pipeline
+from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._export import selftelemetry
 
 __all__ = ["install", "ENABLE_ENV"]
 
-ENABLE_ENV = "TORCHELASTIC_OTEL_WORKER_LOGGING"
+ENABLE_ENV = _settings.WORKER_LOGGING.name
 #: Records buffered before new ones are dropped (counted), as for events.
 MAX_PENDING = 65536
 #: Loggers whose records are never exported: the bridge's, OpenTelemetry's, torch's event transport.
@@ -51,11 +52,7 @@ _logger = logging.getLogger("torchelastic_otel")
 
 def enabled() -> bool:
     """Not turned off, and log records are exported at all."""
-    env = os.environ
-    return (
-        env.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
-        and env.get("OTEL_LOGS_EXPORTER", "otlp").strip().lower() != "none"
-    )
+    return _settings.WORKER_LOGGING.get() and os.environ.get("OTEL_LOGS_EXPORTER", "otlp").strip().lower() != "none"
 
 
 def install(patches: Any, default_context: Callable[[], Any]) -> None:

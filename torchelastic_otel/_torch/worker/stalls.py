@@ -1,7 +1,7 @@
 """A worker's stall watchdog: a rank that stopped making progress says so, with its stacks, long before the job's
 collective timeout (10-30 minutes) ends it.
 
-It runs on the bridge's drainer thread (``_drainer.add_periodic``, every second), never on the training path.
+It runs on the bridge's drainer thread (``_export.drainer.add_periodic``, every second), never on the training path.
 Progress is a step (``steps``) or, where torch's Flight Recorder is on, a collective completed in any process group
 (so a loop that never marks steps but still communicates is not stalled). With neither for
 ``TORCHELASTIC_OTEL_STALL_SECONDS`` (default: the larger of 120 s and 10x the rank's median step; the clock of a
@@ -27,6 +27,8 @@ import os
 import time
 from typing import Any
 
+from torchelastic_otel import _names as names
+from torchelastic_otel import _settings
 from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._process import stacks as _stacks
 from torchelastic_otel._torch.worker import collectives, steps
@@ -36,7 +38,7 @@ __all__ = ["Watchdog", "threshold_seconds", "STALLED_EVENT"]
 
 _logger = logging.getLogger("torchelastic_otel")
 
-STALLED_EVENT = "torchelastic.worker.stalled"
+STALLED_EVENT = names.WORKER_STALLED
 #: The default threshold's floor and its multiple of the median step.
 MIN_THRESHOLD_SECONDS = 120.0
 MEDIAN_MULTIPLE = 10.0
@@ -46,15 +48,9 @@ FLUSH_TIMEOUT_MILLIS = 1000
 
 def configured_seconds() -> float | None:
     """``TORCHELASTIC_OTEL_STALL_SECONDS`` (``0``: no watchdog); ``None`` when unset or not a number."""
-    raw = os.environ.get("TORCHELASTIC_OTEL_STALL_SECONDS", "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        selftelemetry.count(selftelemetry.SANITIZED, "logs", "invalid_stall_seconds")
-        return None
-    return value if value == value and value >= 0 else None
+    return _settings.STALL_SECONDS.get(
+        on_invalid=lambda: selftelemetry.count(selftelemetry.SANITIZED, "logs", "invalid_stall_seconds")
+    )
 
 
 def threshold_seconds(median_step: float | None) -> float:

@@ -3,7 +3,7 @@
 On the training path (torch's optimizer calls its global post hooks after every ``step()``) a mark is one append of
 ``(time.time_ns(), id(optimizer))`` to a bounded deque: well under the 2 µs a step the bridge may cost
 (``bench/bench_steps.py``). A full deque turns marks away and counts them (``buffer_full``), as the bridge's metric
-buffers do. The drainer thread (``_drainer``, every 0.5 s, and before every metric collection) turns the marks into
+buffers do. The drainer thread (``_export.drainer``, every 0.5 s, and before every metric collection) turns the marks into
 step durations: histogram ``torchelastic.worker.step.duration`` (s) and counter ``torchelastic.worker.steps``. They
 carry no rank attribute: the worker's resource says which rank it is.
 
@@ -24,8 +24,10 @@ import threading
 import time
 from typing import Any
 
-from torchelastic_otel._export import drainer as _drainer, selftelemetry
+from torchelastic_otel import _names as names
 from torchelastic_otel import pipeline
+from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._export import selftelemetry
 from torchelastic_otel.metrics.rules import DURATION_BUCKETS_S
 from torchelastic_otel.version import __version__
 
@@ -107,19 +109,19 @@ class _Instruments:
             provider = pipeline.get_pipeline().meter_provider
             meter = provider.get_meter("torchelastic_otel", __version__)
             self.duration = meter.create_histogram(
-                "torchelastic.worker.step.duration", unit="s", explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+                names.WORKER_STEP_DURATION, unit="s", explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
                 description="Time between two consecutive training steps of this rank (optimizer steps)",
             )  # fmt: skip
             self.steps = meter.create_counter(
-                "torchelastic.worker.steps", unit="{step}", description="Training steps of this rank"
+                names.WORKER_STEPS, unit="{step}", description="Training steps of this rank"
             )
             self.arrival = meter.create_histogram(
-                "torchelastic.worker.step.arrival", unit="s", explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+                names.WORKER_STEP_ARRIVAL, unit="s", explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
                 description="Time from the start of a step to this rank's arrival at the step's last collective "
                 "(Flight Recorder): the rank's own work in the step, without its waits for other ranks",
             )  # fmt: skip
             self.seq = meter.create_gauge(
-                "torchelastic.worker.collective.seq", unit="{collective}",
+                names.WORKER_COLLECTIVE_SEQ, unit="{collective}",
                 description="Sequence number of the last collective this rank enqueued, per process group",
             )  # fmt: skip
             self._generation = generation

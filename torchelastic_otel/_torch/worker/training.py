@@ -5,7 +5,7 @@
 - ``collectives``: torch's Flight Recorder stays on (``TORCH_FR_BUFFER_SIZE`` defaults to 2,000 entries here, torch
   2.13's own default for gloo; a value you set wins, ``0`` turns it off): it costs ~1 µs a collective (measured on
   gloo, ``bench/bench_steps.py``), the bridge reads it from its own thread;
-- ``stalls``: the watchdog, every second on the drainer's thread (``_drainer.add_periodic``);
+- ``stalls``: the watchdog, every second on the drainer's thread (``_export.drainer.add_periodic``);
 - the ``torchelastic.worker.terminated`` and ``torchelastic.worker.exception`` records of a stopped rank carry the
   same summary of its collectives as a stalled record (``torchelastic.collectives.<group>.*``): ``worker``'s
   metadata function is wrapped (in ``patches``, undone by ``uninstall()``).
@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from torchelastic_otel import _settings
 from torchelastic_otel._torch.patches import Patches
 
 __all__ = ["install", "enabled", "FLIGHT_RECORDER_ENTRIES"]
@@ -32,7 +33,7 @@ TICK_SECONDS = 1.0
 
 
 def enabled() -> bool:
-    return os.environ.get("TORCHELASTIC_OTEL_STEPS", "1").strip() != "0"
+    return _settings.STEPS.get()
 
 
 def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[str, Any]]], Any] | None = None) -> None:
