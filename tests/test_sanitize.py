@@ -4,7 +4,7 @@ Python strings may hold lone surrogates: ``surrogateescape`` makes them of a non
 value or argv. UTF-8 cannot encode them, so the OTLP protobuf encoders fail on them: as a record's body or event
 name the whole export batch is lost (gRPC raises ``UnicodeEncodeError``, HTTP returns FAILURE), as an attribute
 the SDK drops it and logs a traceback. The bridge makes every string encodable where it builds records
-(``_attributes.encodable``: lone surrogates become U+FFFD, counted as ``sanitized{reason="lone_surrogates"}``), and
+(``_export.attributes.encodable``: lone surrogates become U+FFFD, counted as ``sanitized{reason="lone_surrogates"}``), and
 its exporter wrapper keeps a batch that fails on encoding anyway (records made through the plain OpenTelemetry API
 on the bridge's providers) from losing more than its unencodable items (``dropped{reason="unencodable"}``).
 
