@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 TORCH_VERSION := 2.13.0
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: venv demo test test-compat bench clean stack-deps browser-deps
+.PHONY: venv demo lint test test-compat bench clean stack-deps browser-deps
 
 venv: $(STAMP)
 
@@ -24,8 +24,15 @@ $(STAMP): pyproject.toml
 demo: venv
 	@$(PY) examples/demo.py
 
-test: venv stack-deps browser-deps
+test: venv lint stack-deps browser-deps
 	$(PY) -m pytest -q
+
+# Lint, format and type checks (configured in pyproject.toml) and no import cycle in the package.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(PY) .ci/import_cycles.py
 
 # What the browser tests in tests/test_report.py run for real: Debian's chromium (headless); installed when root
 # and missing (elsewhere those tests skip, saying why). Idempotent.
