@@ -113,20 +113,21 @@ def _setting(setting: Setting) -> Setting:
 
 EXIT_TIMEOUT = _setting(Setting(
     "TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS", 1000, _millis,
-    "Total time an exit path (end of the agent's run, SIGTERM or an uncaught exception in a worker, interpreter "
-    "exit, a flush with the collector down) may spend delivering what is left: a dead backend never holds a job up.",
+    "How long an exit path (end of an agent run, a worker's SIGTERM or uncaught exception, interpreter exit) may "
+    "spend delivering; what is left is counted as `exit_timeout`. Also the most your own `force_flush()` / "
+    "`shutdown()` on the providers the bridge built waits once the collector is down.",
 ))  # fmt: skip
 EXPORT_STALL = _setting(Setting(
     "TORCHELASTIC_OTEL_EXPORT_STALL_MILLIS", 2000, _millis,
-    "An export that has not returned after this long marks the backend down: flushes stop waiting for it.",
+    "A flush gives up on an export in flight this long (or retrying), so a dead collector never holds the job up.",
 ))  # fmt: skip
 FORK_WAIT = _setting(Setting(
     "TORCHELASTIC_OTEL_FORK_WAIT_MILLIS", 1000, _millis,
-    "How long a fork waits for an export in flight, so that the child never inherits a lock held mid-export.",
+    "How long a `fork()` waits for the bridge's exports in flight (gRPC is not fork-safe mid-call).",
 ))  # fmt: skip
 DRAIN_INTERVAL = _setting(Setting(
     "TORCHELASTIC_OTEL_DRAIN_INTERVAL", 0.5, _at_least(0.01),
-    "Seconds between two hand-overs of buffered events and metric values to the SDK (a background thread).",
+    "Seconds between moves of buffered metric values and events into the SDK (collections and flushes drain too).",
 ))  # fmt: skip
 METRICS_DRAIN_INTERVAL = _setting(Setting(
     "TORCHELASTIC_OTEL_METRICS_DRAIN_INTERVAL", 0.5, _at_least(0.01),
@@ -140,43 +141,44 @@ FILE_DIR = _setting(Setting(
 ))  # fmt: skip
 PROMETHEUS_PORT_OFFSET = _setting(Setting(
     "TORCHELASTIC_OTEL_PROMETHEUS_PORT_OFFSET", True, _flag,
-    "With the Prometheus exporter, each process of a node serves on its own port (agent: the base port, local rank "
-    "N: base + 1 + N); 0 serves every process on OTEL_EXPORTER_PROMETHEUS_PORT as set.",
+    "With the Prometheus exporter the worker of local rank *k* serves on `OTEL_EXPORTER_PROMETHEUS_PORT` + 1 + *k* "
+    "(the agent on the port itself); `0` turns the offset off (one worker per container).",
 ))  # fmt: skip
 STEPS = _setting(Setting(
     "TORCHELASTIC_OTEL_STEPS", True, _flag,
-    "0 turns off the workers' step and collective timings (and so straggler and stall detection).",
+    "`0`: no step marks, no stall watchdog, no Flight Recorder reads in workers.",
 ))  # fmt: skip
 STALL_SECONDS = _setting(Setting(
     "TORCHELASTIC_OTEL_STALL_SECONDS", None, _non_negative,
-    "A rank waiting this long in one collective is reported stalled, with the ranks missing from it (default: "
-    "the larger of 120 s and 10 times the median step); 0 turns the watchdog off.",
+    "Seconds without a step or a completed collective before a worker exports `torchelastic.worker.stalled` (unset: "
+    "the larger of 120 and 10 times the median step); `0`: never.",
 ))  # fmt: skip
 COLLECTIVES_INTERVAL = _setting(Setting(
     "TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL", None, _at_least(1.0),
-    "Seconds between two reads of a worker's collectives from torch's Flight Recorder, at least 1 (default: at "
-    "least every 10 s, adapted to keep the reads at 0.1 % of the time).",
+    "Seconds (at least 1) between two reads of the Flight Recorder's entries (step arrival); unset: 10 or more, "
+    "keeping the reads under 0.1 % of the time.",
 ))  # fmt: skip
 WORKER_LOGGING = _setting(Setting(
     "TORCHELASTIC_OTEL_WORKER_LOGGING", True, _flag,
-    "0 stops turning the workers' `logging` records into OpenTelemetry log records.",
+    "`0`: no records from Python `logging` in workers.",
 ))  # fmt: skip
 WORKER_OUTPUT = _setting(Setting(
     "TORCHELASTIC_OTEL_WORKER_OUTPUT", True, _flag,
-    "0 stops capturing the workers' stdout and stderr as log records (their output is passed through either way).",
+    "`0`: workers' stdout and stderr are left alone (no pipes, no processes); also off when `OTEL_LOGS_EXPORTER` is "
+    "only `console` or `none`.",
 ))  # fmt: skip
 WORKER_OUTPUT_MAX_LINE = _setting(Setting(
     "TORCHELASTIC_OTEL_WORKER_OUTPUT_MAX_LINE", 8192, lambda text: max(16, int(_non_negative(text))),
-    "Longest output line kept whole in a record, in bytes (at least 16); longer lines are cut and counted.",
+    "Bytes of an output line (at least 16); longer lines are cut (on a character boundary) and counted.",
 ))  # fmt: skip
 WORKER_OUTPUT_RATE = _setting(Setting(
     "TORCHELASTIC_OTEL_WORKER_OUTPUT_RATE", 1000.0, _non_negative,
-    "Output lines a second (both streams) each worker may turn into records once its burst is spent, 0 for no "
-    "limit; the rest are counted, summarised, and still passed through.",
+    "Output lines a second per worker (both streams) that become records; `0`: no limit. The console still gets "
+    "every line.",
 ))  # fmt: skip
 WORKER_OUTPUT_BURST = _setting(Setting(
     "TORCHELASTIC_OTEL_WORKER_OUTPUT_BURST", 10000, lambda text: max(1, int(_non_negative(text))),
-    "Output lines a worker may turn into records at once before the rate applies.",
+    "Output lines above the rate at once (a start-up dump, a traceback).",
 ))  # fmt: skip
 AUTO_INSTALL = _setting(Setting(
     "TORCHELASTIC_OTEL_AUTO_INSTALL", False, lambda text: text == "1",
