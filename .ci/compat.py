@@ -232,12 +232,16 @@ def build(combination: Combination, venv: Path, log: Path, result: Result) -> bo
         empty.write_text("")
         requirements = Path(scratch) / "requirements.txt"
         requirements.write_text("\n".join(combination.requirements()) + "\n")
-        ok = run([python, "-m", "venv", str(venv)], log, INSTALL_TIMEOUT) == 0 and run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "-r", str(requirements)],
-            log,
-            INSTALL_TIMEOUT,
-            pip_env(empty),
-        ) == 0
+        ok = (
+            run([python, "-m", "venv", str(venv)], log, INSTALL_TIMEOUT) == 0
+            and run(
+                [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "-r", str(requirements)],
+                log,
+                INSTALL_TIMEOUT,
+                pip_env(empty),
+            )
+            == 0
+        )
     if not ok:
         result.summary = "install failed"
         shutil.rmtree(venv, ignore_errors=True)
@@ -309,11 +313,16 @@ def main() -> int:
         for combination in combinations:
             log = logs / f"{combination.name}.log"
             log.write_text("")
-            print(f"compat: {combination.name}: Python {combination.python}, torch {combination.torch}, "
-                  f"OpenTelemetry {combination.otel} / {combination.contrib} (log: {log})", flush=True)
+            print(
+                f"compat: {combination.name}: Python {combination.python}, torch {combination.torch}, "
+                f"OpenTelemetry {combination.otel} / {combination.contrib} (log: {log})",
+                flush=True,
+            )
             result = test(combination, log)
-            print(f"compat: {combination.name}: install {result.install}, venv {result.size}, {result.summary}",
-                  flush=True)
+            print(
+                f"compat: {combination.name}: install {result.install}, venv {result.size}, {result.summary}",
+                flush=True,
+            )
             if result.failed:
                 print(failures(log), flush=True)
             results.append(result)

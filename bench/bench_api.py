@@ -256,7 +256,9 @@ def bench_events(pipeline: Any, exporter: CountingNullExporter) -> None:
     recorded = [0]
     for state, raw_error in (("SUCCEEDED", None), ("FAILED", RAW_ERROR)):
         name = f"torchelastic.worker.status.{state}"
-        torch_event = torch_events.Event(name, torch_events.EventSource.WORKER, metadata=agent_metadata(state, raw_error))
+        torch_event = torch_events.Event(
+            name, torch_events.EventSource.WORKER, metadata=agent_metadata(state, raw_error)
+        )
         bridge_event = events.Event(name, events.EventSource.WORKER, metadata=agent_metadata(state, raw_error))
         fields = event_adapter.to_log_fields(bridge_event)  # the record the bridge emits, converted once
 
@@ -302,9 +304,7 @@ def bench_events(pipeline: Any, exporter: CountingNullExporter) -> None:
         )  # fmt: skip
     torchelastic_otel.flush()
     exported = exporter.by_scope[event_adapter.SCOPE]
-    CHECKS.append(
-        (f"event records exported: {exported:,} of {recorded[0]:,} bridge records", exported == recorded[0])
-    )
+    CHECKS.append((f"event records exported: {exported:,} of {recorded[0]:,} bridge records", exported == recorded[0]))
 
 
 # ---- c. rendezvous ---------------------------------------------------------------------------------------------
@@ -405,7 +405,9 @@ def print_report(overhead: float) -> None:
         f"  python:  {platform.python_version()}  torch {torch.__version__}  "
         f"opentelemetry-sdk {_version('opentelemetry-sdk')}  torchelastic_otel {torchelastic_otel.__version__}"
     )
-    print(f"  method:  median of {REPEATS} runs after a warm-up, variants timed in turns, gc.collect(1) before each run;")
+    print(
+        f"  method:  median of {REPEATS} runs after a warm-up, variants timed in turns, gc.collect(1) before each run;"
+    )
     print(f"           loop overhead {overhead:.0f} ns/call included")
     print("  setup:   torchelastic_otel.setup(MeterProvider(InMemoryMetricReader), LoggerProvider(")
     print("           BatchLogRecordProcessor(counting no-op exporter)), TracerProvider())")

@@ -116,9 +116,11 @@ def main() -> int:
     lat = {kind: statistics.median(values) if values else float("nan") for kind, values in latency.items()}
     print()
     for kind in KINDS:
-        print(f"  {kind:<7} job median {med[kind]:6.2f} s ({med[kind] - med['plain']:+.2f} s vs plain)  "
-              f"SIGTERM->report median {lat[kind]:.3f} s ({lat[kind] - lat['plain']:+.3f} s)  "
-              f"SIGKILLed workers {killed[kind]}")
+        print(
+            f"  {kind:<7} job median {med[kind]:6.2f} s ({med[kind] - med['plain']:+.2f} s vs plain)  "
+            f"SIGTERM->report median {lat[kind]:.3f} s ({lat[kind] - lat['plain']:+.3f} s)  "
+            f"SIGKILLed workers {killed[kind]}"
+        )
     checks = [
         ("bridged (live) - plain <= 0.5 s", med["live"] - med["plain"] <= 0.5),
         ("collector down - plain <= 0.5 s", med["down"] - med["plain"] <= 0.5),

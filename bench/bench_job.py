@@ -154,9 +154,7 @@ class Row:
     unit: str = "s"
 
 
-def run_jobs(
-    steps: int, runs: int, tmp: str, envs: dict[str, dict[str, str]], *extra: str
-) -> dict[str, list[float]]:
+def run_jobs(steps: int, runs: int, tmp: str, envs: dict[str, dict[str, str]], *extra: str) -> dict[str, list[float]]:
     """``runs`` alternating runs of the job with and without the bridge; wall times in seconds."""
     times: dict[str, list[float]] = {"torchrun": [], "torchelastic-otel run": []}
     commands = {

@@ -66,10 +66,15 @@ def main() -> int:
             size = runs[0][2]
             results[name] = (seconds, size)
             spans = shape.ranks * shape.attempts * shape.steps
-            print(f"{name:>10}: {spans:,} worker spans, {shape.records:,} log records -> {len(facts.files)} files, "
-                  f"{lines_of(facts.files):,} lines, {size_of(facts.files) / 1e6:.1f} MB (written in {written:.1f} s)")
-            print(f"            render {seconds:.2f} s (median of {ROUNDS}: "
-                  + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()) + f"); HTML {size / 1e3:,.0f} kB")
+            print(
+                f"{name:>10}: {spans:,} worker spans, {shape.records:,} log records -> {len(facts.files)} files, "
+                f"{lines_of(facts.files):,} lines, {size_of(facts.files) / 1e6:.1f} MB (written in {written:.1f} s)"
+            )
+            print(
+                f"            render {seconds:.2f} s (median of {ROUNDS}: "
+                + ", ".join(f"{k} {v:.2f} s" for k, v in phases.items())
+                + f"); HTML {size / 1e3:,.0f} kB"
+            )
     big_s, big_b = results["big"]
     growth = big_b / results["records-1k"][1]
     spans_b = results["spans-20k"][1]

@@ -93,10 +93,14 @@ def hook(n: int = 50_000) -> tuple[float, float]:
         print(f"  {name:<60}{value:>10.0f}")
     alone = med["the hook alone"]
     print(f"  {'SGD.step() with - without the hook (info: the noise is larger)':<60}{on_path:>10.0f}")
-    print(f"  {'the hook, called as torch calls it (with a lambda around it)':<60}{alone:>10.0f}   target <= 2000 ns  "
-          f"{verdict(alone <= 2000)}")
-    print(f"  {'torchelastic_otel.step()':<60}{med['torchelastic_otel.step()']:>10.0f}   target <= 2000 ns  "
-          f"{verdict(med['torchelastic_otel.step()'] <= 2000)}")
+    print(
+        f"  {'the hook, called as torch calls it (with a lambda around it)':<60}{alone:>10.0f}   target <= 2000 ns  "
+        f"{verdict(alone <= 2000)}"
+    )
+    print(
+        f"  {'torchelastic_otel.step()':<60}{med['torchelastic_otel.step()']:>10.0f}   target <= 2000 ns  "
+        f"{verdict(med['torchelastic_otel.step()'] <= 2000)}"
+    )
     return alone, _drain_cost()
 
 
@@ -178,9 +182,11 @@ def recorder(rounds: int = 4) -> tuple[float, float, float]:
     entries = statistics.median(r["entries_us"] for r in results["2000"])
     print(f"  all_reduce of 1 float, 1-rank gloo group: recorder off {off:.2f} µs, on (2,000 entries) {on:.2f} µs: "
           f"{on - off:+.2f} µs a collective")  # fmt: skip
-    print(f"  the bridge's reads (GIL held): status {status:.0f} µs every second ({status / 1e4:.4f} % of a core); "
-          f"{results['2000'][0]['entries']:.0f} entries {entries / 1000:.1f} ms every 10 s "
-          f"({entries / 1e5:.3f} % of a core; the bridge reads less often when a read takes more than 10 ms)")
+    print(
+        f"  the bridge's reads (GIL held): status {status:.0f} µs every second ({status / 1e4:.4f} % of a core); "
+        f"{results['2000'][0]['entries']:.0f} entries {entries / 1000:.1f} ms every 10 s "
+        f"({entries / 1e5:.3f} % of a core; the bridge reads less often when a read takes more than 10 ms)"
+    )
     return on - off, status, entries
 
 
@@ -254,8 +260,10 @@ def job(runs: int, steps: int) -> None:
             print(f"    {name:<45}{value / base:>7.3f}x   target <= 1.01x  {verdict(value / base <= 1.01)}")
     print("  job wall times, medians (s): " + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in walls.items()))
     print(f"  load average at the end: {load:.1f} on {os.cpu_count()} cores (wall times mean little above it)")
-    print(f"  ranks whose torchelastic.worker.steps reached the receiver: {arrivals} (expected 2; the bridged runs "
-          "with the training telemetry)")
+    print(
+        f"  ranks whose torchelastic.worker.steps reached the receiver: {arrivals} (expected 2; the bridged runs "
+        "with the training telemetry)"
+    )
 
 
 def main() -> None:

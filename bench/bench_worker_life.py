@@ -190,7 +190,7 @@ def report(title: str, results: dict[str, dict[str, list[float]]], checked: str)
           f"{'live/plain':>12}{'down/plain':>12}")  # fmt: skip
     for name in results["plain"]:
         p, live, down = (median(results[k][name]) for k in KINDS)
-        ratio = (lambda x: f"{x / p:11.2f}x" if p > 0 else f"{'-':>12}")  # noqa: E731
+        ratio = lambda x: f"{x / p:11.2f}x" if p > 0 else f"{'-':>12}"  # noqa: E731
         print(f"    {name:<22}{p:9.3f}{live:9.3f}{down:9.3f}{live - p:+12.3f}{down - p:+12.3f}"
               f"{ratio(live)}{ratio(down)}")  # fmt: skip
     verdicts = []

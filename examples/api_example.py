@@ -157,7 +157,7 @@ def print_attributes(attributes: object) -> None:
     groups: dict[str, list[str]] = {}
     for key, value in dict(attributes or {}).items():  # type: ignore[call-overload]
         space = next((n for n in NAMESPACES if key.startswith(n)), "")
-        groups.setdefault(space, []).append(f"{key[len(space):]}={show(value)}".replace(" ", "\0"))
+        groups.setdefault(space, []).append(f"{key[len(space) :]}={show(value)}".replace(" ", "\0"))
     for space in SHOWN_IN_ORDER:
         if space in groups:  # one item is never split across lines (its spaces are \0 while filling)
             label = f"      {space + '*' if space else '':<24}"
@@ -232,7 +232,9 @@ def print_metrics() -> None:
             print(f"      {attrs} -> {value}")
 
 
-print(f"torchelastic_otel API example: what one small run exports (resource service.name={resource.attributes['service.name']})")
+print(
+    f"torchelastic_otel API example: what one small run exports (resource service.name={resource.attributes['service.name']})"
+)
 print()
 print_logs()
 print()
@@ -240,7 +242,9 @@ print_spans()
 print()
 print_metrics()
 print()
-print("Metric names -> instruments: the rule table in torchelastic_otel.metrics.rules. Event metadata -> torchelastic.*")
+print(
+    "Metric names -> instruments: the rule table in torchelastic_otel.metrics.rules. Event metadata -> torchelastic.*"
+)
 print("attributes; torch's packed 'metadata' JSON -> torchelastic.metadata.*; raw_error / error_trace -> exception.*")
 print("To send the same to a real backend (OpenTelemetry Collector, Jaeger, ...), don't call setup(): the bridge then")
 print("configures itself from the standard OTEL_* variables (OTLP exporters by default):")

@@ -62,7 +62,9 @@ def main() -> None:
         loss = train_step(model, optimizer, batch, target)
         metrics.put_metric("loss", loss, "trainer")
         metrics.put_metric("samples_total", args.batch, "trainer")
-        if step == args.steps // 2 and (rank == args.fail_always_rank or (rank == args.fail_once_rank and restart == 0)):
+        if step == args.steps // 2 and (
+            rank == args.fail_always_rank or (rank == args.fail_once_rank and restart == 0)
+        ):
             raise RuntimeError(f"rank {rank} failed at step {step} (restart {restart})")
     events.record(
         events.Event("trainer.finished", events.EventSource.WORKER, metadata={"rank": rank, "steps": args.steps}),

@@ -47,6 +47,7 @@ __all__ = [
     "sdk_disabled",
 ]
 
+
 class Setting:
     """One ``TORCHELASTIC_OTEL_*`` variable: its name, default, how its text becomes a value, and what it does.
     (A plain class: ``dataclasses`` costs every process of a bridged environment 5 ms at start-up.)"""

@@ -22,9 +22,7 @@ from torchelastic_otel._settings import DOWN_WAIT_MILLIS, EXIT_TIMEOUT_MILLIS
 __all__ = ["run_bounded", "bounded_flush", "backend_down"]
 
 
-def run_bounded(
-    fn: Callable[[], bool], timeout_millis: int, give_up: Callable[[], bool] | None = None
-) -> bool | None:
+def run_bounded(fn: Callable[[], bool], timeout_millis: int, give_up: Callable[[], bool] | None = None) -> bool | None:
     """``fn()`` in a daemon thread, waited for at most ``timeout_millis``; ``None`` if it did not finish.
 
     ``give_up`` is polled every 20 ms while waiting: when it returns true, stop waiting at once (``None``).

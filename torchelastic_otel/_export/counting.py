@@ -399,5 +399,3 @@ def counting_batch_processor(base: type, signal: str) -> type:
     cls = type(f"_Counting{base.__name__}", (base,), {method: accept, "__doc__": counting_batch_processor.__doc__})
     _processor_classes[signal] = cls
     return cls
-
-

@@ -21,7 +21,15 @@ from torchelastic_otel import _settings
 from torchelastic_otel._export import selftelemetry
 
 __all__ = [
-    "Drainable", "Buffer", "register", "enable", "drain_all", "discard_all", "paused", "interval", "add_periodic",
+    "Drainable",
+    "Buffer",
+    "register",
+    "enable",
+    "drain_all",
+    "discard_all",
+    "paused",
+    "interval",
+    "add_periodic",
 ]
 
 

@@ -195,7 +195,9 @@ def build_meter_provider(resource: Any, pull: bool = True) -> Any:
         if made is None:
             continue
         readers.append(made if isinstance(made, MetricReader) else PeriodicExportingMetricReader(made))
-    provider = _bounded_class(MeterProvider, "metrics")(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+    provider = _bounded_class(MeterProvider, "metrics")(
+        resource=resource, metric_readers=readers, shutdown_on_exit=False
+    )
     provider._torchelastic_readers = readers
     return provider
 

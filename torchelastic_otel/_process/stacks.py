@@ -98,8 +98,10 @@ def _in_library(path: str, packages: tuple[str, ...], stdlib: tuple[str, ...]) -
         return True
     # Installed packages live below the standard library's directory (``lib/python3.X/site-packages``): theirs is
     # the user's code (a training library), not the standard library.
-    return path.startswith(stdlib) and f"{os.sep}site-packages{os.sep}" not in path and (
-        f"{os.sep}dist-packages{os.sep}" not in path
+    return (
+        path.startswith(stdlib)
+        and f"{os.sep}site-packages{os.sep}" not in path
+        and (f"{os.sep}dist-packages{os.sep}" not in path)
     )
 
 

@@ -149,6 +149,8 @@ def _event_attributes(event: Event) -> dict[str, Any]:
 
 #: torch's agent packs these two metadata keys; they become ``exception.*`` and ``torchelastic.metadata.*``.
 _TORCH_PACKED = frozenset(("raw_error", "metadata"))
+
+
 def _nested_metadata(value: Any, out: dict[str, Any]) -> None:
     """torch packs worker details into a JSON string with 1-element lists; make them plain attributes."""
     if value is None:

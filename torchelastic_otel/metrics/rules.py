@@ -133,5 +133,7 @@ def resolve(rules: tuple[MetricRule, ...] | list[MetricRule], group: str, name: 
         attributes = {"metric_group": group}
         for attr in rule.attributes:
             attributes[attr] = parts.get(attr, "")[:256]
-        return Binding(valid_instrument_name(instrument), rule.kind, rule.unit, rule.description, rule.scale, attributes)
+        return Binding(
+            valid_instrument_name(instrument), rule.kind, rule.unit, rule.description, rule.scale, attributes
+        )
     return Binding(valid_instrument_name(name), "gauge", "", "", 1.0, {"metric_group": group})

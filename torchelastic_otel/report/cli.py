@@ -30,11 +30,18 @@ def parser() -> argparse.ArgumentParser:
         "Collector's file exporter) in the terminal and as one self-contained HTML file.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="OTLP JSON Lines files, or directories holding them")
-    p.add_argument("--html", metavar="FILE", default=None,
-                   help=f"HTML file to write (default: {DEFAULT_HTML}; with --json only when given)")
-    p.add_argument("--json", action="store_true",
-                   help="print a machine-readable summary instead (run, attempts, root cause, restarts, stragglers, "
-                   "stalls, missing ranks) for CI pipelines and scripts")
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        default=None,
+        help=f"HTML file to write (default: {DEFAULT_HTML}; with --json only when given)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a machine-readable summary instead (run, attempts, root cause, restarts, stragglers, "
+        "stalls, missing ranks) for CI pipelines and scripts",
+    )
     p.add_argument("--width", type=int, default=0, help="columns of the terminal report (default: the terminal's)")
     p.add_argument("--quiet", action="store_true", help="print only the last line (where the HTML report is)")
     return p

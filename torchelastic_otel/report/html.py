@@ -108,8 +108,12 @@ def _job_data(job: Job, index: int, limits: Limits) -> dict[str, Any]:
                 "unit": c.stream.unit,
                 "kind": c.stream.kind,
                 "series": [
-                    {"label": s.label, "rank": s.rank, "restart": s.restart,
-                     "points": [[_ms(job, t), _finite(v)] for t, v in s.points]}  # fmt: skip
+                    {
+                        "label": s.label,
+                        "rank": s.rank,
+                        "restart": s.restart,
+                        "points": [[_ms(job, t), _finite(v)] for t, v in s.points],
+                    }
                     for s in c.series
                 ],
             }
@@ -263,8 +267,10 @@ def _stragglers_html(found: training.Training, index: int) -> str:
            "is a straggler. Step time is the same on every rank of a synchronous job: the fast ranks wait for the "
            "slow one inside the collective.</p>"]  # fmt: skip
     for r in found.stragglers:
-        out.append(f'<p class="straggler-line" data-rank="{r.rank}">attempt {r.restart}: rank {r.rank}'
-                   f"{' (' + e(r.host) + ')' if r.host else ''} is a straggler: {r.ratio:.2f}x the median rank</p>")
+        out.append(
+            f'<p class="straggler-line" data-rank="{r.rank}">attempt {r.restart}: rank {r.rank}'
+            f"{' (' + e(r.host) + ')' if r.host else ''} is a straggler: {r.ratio:.2f}x the median rank</p>"
+        )
     out.append("<table class=stragglers><thead><tr><th>attempt</th><th>rank</th><th>host</th><th>arrival</th>"
                "<th>ratio</th><th>step time</th><th>steps</th></tr></thead><tbody>")  # fmt: skip
     for r in found.ranks:

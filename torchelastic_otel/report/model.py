@@ -312,10 +312,9 @@ def _attempts_from_workers(job: Job) -> list[Attempt]:
     for rec in job.logs:
         if rec.name == FAILURE_EVENT:
             restarts[as_int(rec.attrs.get(names.RESTART_COUNT)) or 0].append(rec.time)
-    return [
-        Attempt(restart=r, start=min(ts), end=max(ts), ended=False)
-        for r, ts in sorted(restarts.items())
-    ] or [Attempt(restart=0, start=job.start, end=job.end, ended=False)]
+    return [Attempt(restart=r, start=min(ts), end=max(ts), ended=False) for r, ts in sorted(restarts.items())] or [
+        Attempt(restart=0, start=job.start, end=job.end, ended=False)
+    ]
 
 
 # ---- workers --------------------------------------------------------------------------------------------------
@@ -380,9 +379,7 @@ def _worker_records(
         run.output = sorted(run.output, key=lambda r: r.time)[-_MAX_OUTPUT_LINES:]
 
 
-def _delivered_by_agent(
-    rec: LogRecord | Span, runs: dict[tuple[str, int, int | None], WorkerRun]
-) -> WorkerRun | None:
+def _delivered_by_agent(rec: LogRecord | Span, runs: dict[tuple[str, int, int | None], WorkerRun]) -> WorkerRun | None:
     """A worker's final record (or start span) its agent sent for it (``torchelastic.delivered_by``): it comes with
     the agent's resource, and names its worker by rank and restart in its attributes."""
     if rec.attrs.get(names.DELIVERED_BY) != "agent":

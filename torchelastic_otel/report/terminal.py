@@ -102,7 +102,7 @@ def _timeline(out: Text, job: Job, width: int) -> None:
             cells[at] = mark.label[0]
             paint[at] = _YELLOW if mark.cls in ("restart", "terminated") else _RED
         line = "".join(out.paint(c, paint[i]) if i in paint else c for i, c in enumerate(cells))
-        out.add(f"{row.label[:_LABEL - 1]:<{_LABEL}}{line.rstrip()}")
+        out.add(f"{row.label[: _LABEL - 1]:<{_LABEL}}{line.rstrip()}")
     if left_out:
         out.add(f"... {left_out} more rows")
     out.add(out.paint("  █ ran  ▓ failed  ✗ root cause  ░ stopped by the agent  ↻ restart  |attempt|", _DIM))
@@ -250,11 +250,11 @@ def _metrics(out: Text, job: Job, width: int) -> None:
     out.heading("METRICS  (last value in the agent and in each rank's latest worker; a distribution's mean)")
     cell = 14
     name_width = max(24, width - cell * len(table.columns))
-    out.add(f"{'metric':<{name_width}}" + "".join(f"{c[:cell - 1]:>{cell}}" for c in table.columns))
+    out.add(f"{'metric':<{name_width}}" + "".join(f"{c[: cell - 1]:>{cell}}" for c in table.columns))
     for stream, cells in table.rows:
         label = stream.short_label
         label = label if len(label) < name_width else label[: name_width - 4] + "..."
-        out.add(f"{label:<{name_width}}" + "".join(f"{c[:cell - 1]:>{cell}}" for c in cells))
+        out.add(f"{label:<{name_width}}" + "".join(f"{c[: cell - 1]:>{cell}}" for c in cells))
     if table.left_out_rows or table.left_out_columns:
         out.add(f"... {table.left_out_rows} more metric streams, {table.left_out_columns} more ranks "
                 "(see the HTML report)")  # fmt: skip

@@ -261,7 +261,7 @@ def collectives_of(attrs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for key, raw in attrs.items():
         if not key.startswith(_COLLECTIVES):
             continue
-        group, _, name = key[len(_COLLECTIVES):].rpartition(".")
+        group, _, name = key[len(_COLLECTIVES) :].rpartition(".")
         if group and name:
             out[group][name] = as_str(raw) if name == "pending" else as_int(raw)
     return dict(out)
@@ -335,6 +335,7 @@ def _run_summary(job: Job) -> dict[str, Any]:
                 "exception_type": cause.exc_type or None, "exception_message": cause.exc_message or None,
                 "consequences": cause.consequences, "headline": cause.headline,
             })  # fmt: skip
+    # fmt: off
     return {
         "run_id": job.run_id,
         "outcome": job.outcome,
@@ -346,18 +347,19 @@ def _run_summary(job: Job) -> dict[str, Any]:
         "root_cause": causes[-1] if causes else None,
         "root_causes": causes,
         "restarts": [{"restart": r.restart, "reason": r.reason or None, "time": _iso(r.time), "host": r.host}
-                     for r in job.restarts],  # fmt: skip
+                     for r in job.restarts],
         "stragglers": [_rank_json(r) for r in training.stragglers],
         "steps": [_rank_json(r) for r in training.ranks],
         "stalls": [{
             "rank": s.rank, "restart": s.restart, "host": s.host, "since": _iso(s.since),
             "seconds": _round(s.seconds, 3), "records": s.records, "stack_top": s.stack_top, "code": s.code,
-        } for s in training.stalls],  # fmt: skip
+        } for s in training.stalls],
         "missing_ranks": [{
             "process_group": m.process_group, "seq": m.seq, "collective": m.collective or None, "ranks": m.ranks,
             "waiting": m.waiting, "restart": m.restart, "text": m.sentence,
-        } for m in training.missing],  # fmt: skip
+        } for m in training.missing],
     }
+    # fmt: on
 
 
 def _rank_json(r: RankSteps) -> dict[str, Any]:

@@ -392,8 +392,10 @@ def _report_root_cause(agent: Any, state: _AgentState, worker_group: Any, failur
     for span in (state.attempt, state.run):
         if span is not None:
             span.set_attributes(attributes)
-    gauge = pipeline.get_pipeline().meter_provider.get_meter(SCOPE, __version__).create_gauge(
-        names.ROOT_CAUSE_TIME, unit="s", description="When the first failed rank of an attempt failed"
+    gauge = (
+        pipeline.get_pipeline()
+        .meter_provider.get_meter(SCOPE, __version__)
+        .create_gauge(names.ROOT_CAUSE_TIME, unit="s", description="When the first failed rank of an attempt failed")
     )
     gauge.set(
         cause.time_unix_nano / 1e9,

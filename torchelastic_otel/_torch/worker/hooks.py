@@ -56,8 +56,6 @@ def attempt_context() -> Any:
     return _attempt[0]
 
 
-
-
 #: What the final records (terminated, exception) carry besides the worker's identity: the training telemetry's
 #: collectives summary (``training``), added through :func:`add_final_metadata`.
 _final_extras: list[Any] = []
@@ -131,8 +129,8 @@ _final_logger: list[Any] = [None]
 def _keep_final_logger(_phase: Any = None) -> None:
     """Whenever a pipeline becomes READY, the logger the final words write to is at hand: they obtain nothing."""
     current = pipeline.ready()
-    _final_logger[0] = None if current is None else current.logger_provider.get_logger(
-        "torchelastic_otel.worker", __version__
+    _final_logger[0] = (
+        None if current is None else current.logger_provider.get_logger("torchelastic_otel.worker", __version__)
     )
 
 

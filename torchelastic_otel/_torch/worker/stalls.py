@@ -61,8 +61,6 @@ def threshold_seconds(median_step: float | None) -> float:
     return max(MIN_THRESHOLD_SECONDS, MEDIAN_MULTIPLE * median_step) if median_step else MIN_THRESHOLD_SECONDS
 
 
-
-
 class Watchdog:
     """The watch of one process (the one that installed it)."""
 

@@ -92,4 +92,3 @@ def _hook_optimizers(patches: Patches) -> Callable[[], None]:
 
     patches.on_restore(undo)
     return look
-
