@@ -15,7 +15,8 @@ import contextlib
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from torchelastic_otel import _settings
 from torchelastic_otel._export import selftelemetry
@@ -91,35 +92,45 @@ def _interval() -> float:
 
 
 interval = _interval()
-_buffers: weakref.WeakSet = weakref.WeakSet()
-_lock = threading.Lock()
-_thread: threading.Thread | None = None
 
 
-_enabled = [False]
+class _Drainer:
+    """The drainer's state, in one owner: the buffers it drains (held weakly), its thread, whether a pipeline is
+    READY (the thread starts only then, never because of an import), pauses, and the periodic callbacks it runs.
+    A forked child gets fresh locks and no thread (:func:`after_fork_in_child`)."""
+
+    def __init__(self) -> None:
+        self.buffers: weakref.WeakSet = weakref.WeakSet()
+        self.lock = threading.Lock()
+        self.drain_lock = threading.RLock()
+        self.thread: threading.Thread | None = None
+        self.enabled = False
+        self.paused: list[bool] = []  # one entry per ``paused()`` context in progress
+        self.periodic: list[list[Any]] = []  # ``[callback, every_seconds, next_due]`` of :func:`add_periodic`
+
+    def start(self) -> None:
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=_run, name="torchelastic-otel-drainer", daemon=True)
+                self.thread.start()
+
+
+state = _Drainer()
 
 
 def register(buffer: Drainable) -> None:
     """Drain ``buffer`` from now on (held weakly). Buffers are created when their module is imported: the thread
     starts only once there is a pipeline to drain into (:func:`enable`), never because of an import."""
-    _buffers.add(buffer)
-    if _enabled[0]:
-        _start()
+    state.buffers.add(buffer)
+    if state.enabled:
+        state.start()
 
 
 def enable() -> None:
     """A pipeline is ready (``pipeline``): start the thread, which drains every ``interval`` from now on."""
-    _enabled[0] = True
-    if len(_buffers):
-        _start()
-
-
-def _start() -> None:
-    global _thread
-    with _lock:
-        if _thread is None or not _thread.is_alive():
-            _thread = threading.Thread(target=_run, name="torchelastic-otel-drainer", daemon=True)
-            _thread.start()
+    state.enabled = True
+    if len(state.buffers):
+        state.start()
 
 
 def _run() -> None:
@@ -130,15 +141,10 @@ def _run() -> None:
             wait(interval)
         behind = False
         _run_periodic()
-        if not _paused:
+        if not state.paused:
             # Rounds of at most one interval, so a flush never waits long for the lock; a round that could not
             # empty the buffers is followed by the next one at once.
             behind = not drain_all(time.monotonic() + interval)
-
-
-_paused: list[bool] = []
-#: ``[callback, every_seconds, next_due]`` of :func:`add_periodic`.
-_periodic: list[list[Any]] = []
 
 
 def add_periodic(callback: Callable[[], Any], every_seconds: float) -> Callable[[], None]:
@@ -146,20 +152,20 @@ def add_periodic(callback: Callable[[], Any], every_seconds: float) -> Callable[
     bridge's own periodic work (a worker's stall watchdog) needs no thread of its own. Exceptions are swallowed and
     counted (``periodic_error``). Returns the function that removes it again."""
     entry = [callback, max(0.0, every_seconds), time.monotonic() + every_seconds]
-    _periodic.append(entry)
-    if _enabled[0]:
-        _start()
+    state.periodic.append(entry)
+    if state.enabled:
+        state.start()
 
     def remove() -> None:
-        if entry in _periodic:
-            _periodic.remove(entry)
+        if entry in state.periodic:
+            state.periodic.remove(entry)
 
     return remove
 
 
 def _run_periodic() -> None:
     now = time.monotonic()
-    for entry in list(_periodic):
+    for entry in list(state.periodic):
         if now >= entry[2]:
             entry[2] = now + entry[1]
             try:
@@ -172,29 +178,26 @@ def _run_periodic() -> None:
 def paused() -> Iterator[None]:
     """Suspend the periodic drain (flushes and collections still drain): lets tests and benchmarks control when
     buffered values reach the SDK. Waits for a drain in progress to finish."""
-    _paused.append(True)
-    with _drain_lock:
+    state.paused.append(True)
+    with state.drain_lock:
         pass
     try:
         yield
     finally:
-        _paused.pop()
-
-
-_drain_lock = threading.RLock()
+        state.paused.pop()
 
 
 def drain_all(deadline: float | None = None, signal: str | None = None) -> bool:
     """Drain every registered buffer (of ``signal``, if given) now, until ``deadline`` (``time.monotonic()``);
     never raises. ``True`` if it got to the end of every buffer, ``False`` if time ran out first."""
-    lock = _drain_lock
+    lock = state.drain_lock
     if deadline is None:
         lock.acquire()
     elif not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
         return False  # another thread is draining; it moves the same items
     try:
         complete = True
-        for buffer in list(_buffers):
+        for buffer in list(state.buffers):
             if signal is not None and getattr(buffer, "signal", None) != signal:
                 continue
             try:
@@ -211,13 +214,13 @@ def drain_all(deadline: float | None = None, signal: str | None = None) -> bool:
 
 def pending() -> bool:
     """Whether any buffer holds something to move into the SDK (or turned something away: to be counted)."""
-    return any(len(getattr(b, "_pending", ())) or getattr(b, "_overflow", 0) for b in list(_buffers))
+    return any(len(getattr(b, "_pending", ())) or getattr(b, "_overflow", 0) for b in list(state.buffers))
 
 
 def discard_all(reason: str) -> int:
     """Count what is still buffered as dropped (``reason``) and forget it: the process is about to end."""
     dropped = 0
-    for buffer in list(_buffers):
+    for buffer in list(state.buffers):
         try:
             dropped += buffer.discard(reason)
         except Exception:
@@ -235,18 +238,17 @@ def _drain_before_collect() -> None:
 def after_fork_in_child() -> None:
     """What was buffered before the fork is the parent's; the drainer thread did not survive the fork
     (:func:`restart` starts the child's, once the rest of the bridge is the child's: ``_process.runtime``)."""
-    global _lock, _thread, _drain_lock
-    _lock = threading.Lock()
-    _drain_lock = threading.RLock()
-    _thread = None
-    for buffer in list(_buffers):
+    state.lock = threading.Lock()
+    state.drain_lock = threading.RLock()
+    state.thread = None
+    for buffer in list(state.buffers):
         buffer.after_fork_in_child()
 
 
 def restart() -> None:
     """Start the drainer thread again if it ran before the fork and there is anything to drain."""
-    if _enabled[0] and len(_buffers):
-        _start()
+    if state.enabled and len(state.buffers):
+        state.start()
 
 
 selftelemetry.add_before_collect(_drain_before_collect)

@@ -11,6 +11,11 @@ from __future__ import annotations
 import logging
 import threading
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (not imported on a worker's start-up path)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
 __all__ = ["count", "snapshot", "DROPPED", "SANITIZED", "FALLBACK"]
 
 _logger = logging.getLogger("torchelastic_otel")
@@ -20,24 +25,34 @@ SANITIZED = "sanitized"
 #: A private internal of CPython, OpenTelemetry or torch that was missing, and the fallback used (``_compat``).
 FALLBACK = "fallbacks"
 
-_lock = threading.Lock()
-_counts: dict[tuple[str, str, str], int] = {}
+
+class _Counters:
+    """The process's counters and where they are exported: one owner (a forked child starts afresh)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counts: dict[tuple[str, str, str], int] = {}
+        self.instrumented: set[int] = set()  # ids of the meter providers the counters are registered on
+        self.before_collect: list[Callable[[], object]] = []
+
+
+_counters = _Counters()
 
 
 def count(kind: str, signal: str, reason: str, n: int = 1) -> None:
     """Add ``n`` to the ``kind`` ("dropped" or "sanitized") counter of ``signal`` and ``reason``; never raises."""
     key = (kind, signal, reason)
-    with _lock:
-        first = key not in _counts
-        _counts[key] = _counts.get(key, 0) + n
+    with _counters.lock:
+        first = key not in _counters.counts
+        _counters.counts[key] = _counters.counts.get(key, 0) + n
     if first and kind == DROPPED:
         _logger.warning("torchelastic_otel dropped %s data (%s); counted in torchelastic_otel.dropped", signal, reason)
 
 
 def snapshot(kind: str | None = None) -> dict[tuple[str, str, str], int]:
     """A copy of the counters, optionally only those of one kind."""
-    with _lock:
-        return {k: v for k, v in _counts.items() if kind is None or k[0] == kind}
+    with _counters.lock:
+        return {k: v for k, v in _counters.counts.items() if kind is None or k[0] == kind}
 
 
 def total(kind: str, signal: str | None = None, reason: str | None = None) -> int:
@@ -51,30 +66,26 @@ def total(kind: str, signal: str | None = None, reason: str | None = None) -> in
 
 def after_fork_in_child() -> None:
     """A forked child starts with its own counts: the parent's are the parent's to export."""
-    global _lock
-    _lock = threading.Lock()
-    _counts.clear()
+    _counters.lock = threading.Lock()
+    _counters.counts.clear()
 
 
 # ---- export of the counters as OpenTelemetry instruments -----------------------------------------------------
 
-_instrumented: set[int] = set()
-_before_collect: list = []
 
-
-def add_before_collect(hook) -> None:  # type: ignore[no-untyped-def]
+def add_before_collect(hook: Callable[[], object]) -> None:
     """Run ``hook()`` at the start of every metric collection (the metric adapter drains its buffer there, so a
     collection -- a Prometheus scrape, a periodic export, a flush -- sees every value put before it)."""
-    if hook not in _before_collect:
-        _before_collect.append(hook)
+    if hook not in _counters.before_collect:
+        _counters.before_collect.append(hook)
 
 
-def _observe(kind: str):  # type: ignore[no-untyped-def]
+def _observe(kind: str) -> Callable[[Any], list[Any]]:
     from opentelemetry.metrics import Observation
 
-    def callback(options):  # type: ignore[no-untyped-def]
+    def callback(options: Any) -> list[Any]:
         if kind == DROPPED:
-            for hook in list(_before_collect):
+            for hook in list(_counters.before_collect):
                 try:
                     hook()
                 except Exception:
@@ -84,12 +95,12 @@ def _observe(kind: str):  # type: ignore[no-untyped-def]
     return callback
 
 
-def instrument(meter_provider) -> None:  # type: ignore[no-untyped-def]
+def instrument(meter_provider: Any) -> None:
     """Register ``torchelastic_otel.dropped`` and ``torchelastic_otel.sanitized`` on ``meter_provider`` (once)."""
     key = id(meter_provider)
-    if key in _instrumented:
+    if key in _counters.instrumented:
         return
-    _instrumented.add(key)
+    _counters.instrumented.add(key)
     try:
         from torchelastic_otel.version import __version__
 

@@ -46,6 +46,22 @@ _logger = logging.getLogger("torchelastic_otel")
 # ---- fork --------------------------------------------------------------------------------------------------------
 
 
+class _Hooks:
+    """What this module keeps for the process: the hooks others registered (on SIGTERM; at an exit before the
+    pipeline is built) and what it did once (installed, ``multiprocessing``'s exit hooked, when export garbage was
+    last collected). One owner, so that nothing else holds a piece of it."""
+
+    def __init__(self) -> None:
+        self.installed = False
+        self.multiprocessing_hooked = False  # inherited by forked children, as is the registration it records
+        self.signal_hooks: list[SignalHook] = []
+        self.unbuilt_exit_hooks: list[Callable[[], bool]] = []
+        self.collected_at: tuple[int, float] = (0, -1.0)  # (failed exports, time) at the last collection
+
+
+_hooks = _Hooks()
+
+
 def before_fork() -> None:
     """Exports in flight finish first (bounded): gRPC cannot prepare a fork while a thread is inside a call. Then
     the garbage failed exports left is collected here (``_collect_export_garbage``)."""
@@ -54,7 +70,6 @@ def before_fork() -> None:
 
 
 #: The exporters' failures and last retry at the last collection before a fork (a child starts with neither).
-_collected_at: list[tuple[int, float]] = [(0, -1.0)]
 
 
 def _collect_export_garbage() -> None:
@@ -67,8 +82,8 @@ def _collect_export_garbage() -> None:
     never. Never raises (a fork handler)."""
     try:
         mark = (_health.health.failures, _health.health.last_retry())
-        if mark != _collected_at[0]:
-            _collected_at[0] = mark
+        if mark != _hooks.collected_at:
+            _hooks.collected_at = mark
             gc.collect()
     except Exception:
         _logger.debug("torchelastic_otel: collection before fork failed", exc_info=True)
@@ -84,7 +99,7 @@ def after_fork_in_child() -> None:
     then the drainer thread, once everything it touches is the child's."""
     selftelemetry.after_fork_in_child()
     _health.health.after_fork_in_child()
-    _collected_at[0] = (0, -1.0)
+    _hooks.collected_at = (0, -1.0)
     forkgate.gate.after_fork_in_child()
     _bounded.after_fork_in_child()
     _drainer.after_fork_in_child()
@@ -103,16 +118,15 @@ class _ForkToken:
 
 
 _fork_token = _ForkToken()
-_multiprocessing_hooked = [False]
 
 
 def _flush_at_multiprocessing_exit() -> None:
     """A ``multiprocessing`` child started by fork ends with ``os._exit``, which skips ``atexit``: have its
     ``Process._bootstrap`` exit path (the ``multiprocessing.util`` finalizers) run the bridge's exit handler."""
     util = sys.modules.get("multiprocessing.util")
-    if util is None or _multiprocessing_hooked[0]:
+    if util is None or _hooks.multiprocessing_hooked:
         return
-    _multiprocessing_hooked[0] = True  # inherited by this process's children, as is the registration below
+    _hooks.multiprocessing_hooked = True  # inherited by this process's children, as is the registration below
 
     def register(_token: Any) -> None:
         util.Finalize(None, at_exit, exitpriority=0)
@@ -124,24 +138,23 @@ def _flush_at_multiprocessing_exit() -> None:
 
 #: ``hook(signum, stacks)``; what it returns, if callable, is called with whether the final flush went out.
 SignalHook = Callable[[int, _stacks.Stacks], Any]
-_signal_hooks: list[SignalHook] = []
 
 
 def add_signal_hook(hook: SignalHook) -> None:
     """Run ``hook(signum, stacks)`` first when the process is stopped by a signal (a worker's terminated record)."""
-    if hook not in _signal_hooks:
-        _signal_hooks.append(hook)
+    if hook not in _hooks.signal_hooks:
+        _hooks.signal_hooks.append(hook)
 
 
 def remove_signal_hook(hook: SignalHook) -> None:
-    if hook in _signal_hooks:
-        _signal_hooks.remove(hook)
+    if hook in _hooks.signal_hooks:
+        _hooks.signal_hooks.remove(hook)
 
 
 def on_signal(signum: int, stacks: _stacks.Stacks) -> None:
     """The final words of a process stopped by ``signum``: the hooks, then a flush within the exit bound."""
     confirmations = []
-    for hook in list(_signal_hooks):
+    for hook in list(_hooks.signal_hooks):
         try:
             confirm = hook(signum, stacks)
             if callable(confirm):
@@ -190,26 +203,25 @@ def at_exit() -> None:
 
 #: Called when a process exits before its pipeline was built and with nothing recorded; each returns whether it
 #: sent what it had another way (a worker hands its ``torchelastic.worker.start`` span to its agent).
-_unbuilt_exit_hooks: list[Callable[[], bool]] = []
 
 
 def add_unbuilt_exit_hook(hook: Callable[[], bool]) -> None:
-    if hook not in _unbuilt_exit_hooks:
-        _unbuilt_exit_hooks.append(hook)
+    if hook not in _hooks.unbuilt_exit_hooks:
+        _hooks.unbuilt_exit_hooks.append(hook)
 
 
 def remove_unbuilt_exit_hook(hook: Callable[[], bool]) -> None:
-    if hook in _unbuilt_exit_hooks:
-        _unbuilt_exit_hooks.remove(hook)
+    if hook in _hooks.unbuilt_exit_hooks:
+        _hooks.unbuilt_exit_hooks.remove(hook)
 
 
 def _wait_for_build() -> None:
     """Among ``threading``'s exit hooks: a build in progress finishes while threads can still be started -- unless
     nothing was recorded and what the build would send went another way: then the process does not wait for it (a
     short-lived worker would pay the build, some 0.1-0.5 s, at every exit)."""
-    if pipeline.building() and not _drainer.pending() and _unbuilt_exit_hooks:
+    if pipeline.building() and not _drainer.pending() and _hooks.unbuilt_exit_hooks:
         handed = True
-        for hook in list(_unbuilt_exit_hooks):
+        for hook in list(_hooks.unbuilt_exit_hooks):
             try:
                 handed = hook() is True and handed
             except Exception:
@@ -220,14 +232,11 @@ def _wait_for_build() -> None:
     pipeline.wait_built(EXIT_TIMEOUT_MILLIS / 1000)
 
 
-_installed = [False]
-
-
 def install(_phase: Any = None) -> None:
     """Register the exit handlers (once per process; a listener of the pipeline's phase changes)."""
-    if _installed[0]:
+    if _hooks.installed:
         return
-    _installed[0] = True
+    _hooks.installed = True
     atexit.register(at_exit)
     _compat.register_before_thread_shutdown(_wait_for_build)
     _bounded.start_exit_thread()

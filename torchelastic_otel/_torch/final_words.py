@@ -40,7 +40,7 @@ _sequence = itertools.count()
 def write(fields: dict[str, Any], ctx: Any = None) -> str | None:
     """Keep the log record ``fields`` (``Logger.emit`` keywords, as ``events._otel.to_log_fields`` makes them) and
     the span context of ``ctx`` for the agent; the file's path, or ``None`` (no directory, or it failed)."""
-    directory = os.environ.get(DIR_ENV)
+    directory = _settings.FAILURE_DIR.get()
     if not directory:
         return None
     try:

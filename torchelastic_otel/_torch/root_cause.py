@@ -96,15 +96,38 @@ def make_failure_dir() -> str:
     return tempfile.mkdtemp(prefix="torchelastic-otel-failures-")
 
 
-_made: list[str] = []  # the directory this process made for its workers, if any
-_made_lock = threading.Lock()
-_exit_hook: list[bool] = []  # ``discard_failure_dir`` registered with atexit (once per process)
+class _MadeDir:
+    """The failure directory this process made for the workers of its agents, if any: made once on first use, kept
+    for the process, removed at exit (registered once) or when the bridge is uninstalled."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.path: str | None = None
+        self.exit_hook = False
+
+    def get(self) -> str:
+        with self.lock:
+            if self.path is None:
+                self.path = make_failure_dir()
+                if not self.exit_hook:
+                    self.exit_hook = True
+                    atexit.register(discard_failure_dir)
+            return self.path
+
+    def discard(self) -> None:
+        with self.lock:
+            path, self.path = self.path, None
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+_made = _MadeDir()
 
 
 def failure_dir() -> str | None:
     """Where the workers of this process's agents write their failures: the directory this process was handed
     (a launcher above it set ``TORCHELASTIC_OTEL_FAILURE_DIR``), else the one it made; ``None`` before either."""
-    return os.environ.get(FAILURE_DIR_ENV) or (_made[0] if _made else None)
+    return _settings.FAILURE_DIR.get() or _made.path
 
 
 def agent_failure_dir() -> str:
@@ -112,25 +135,12 @@ def agent_failure_dir() -> str:
     use and kept for the process (removed at exit, or by ``discard_failure_dir`` when the bridge is uninstalled).
     Made here rather than put in ``os.environ``: a process that launches in-process keeps its environment as it
     was, and only the workers' environment carries it."""
-    handed = os.environ.get(FAILURE_DIR_ENV)
-    if handed:
-        return handed
-    with _made_lock:
-        if not _made:
-            _made.append(make_failure_dir())
-            if not _exit_hook:
-                _exit_hook.append(True)
-                atexit.register(discard_failure_dir)
-        return _made[0]
+    return _settings.FAILURE_DIR.get() or _made.get()
 
 
 def discard_failure_dir() -> None:
     """Remove the directory this process made for its workers (nothing if it made none)."""
-    with _made_lock:
-        made = list(_made)
-        _made.clear()
-    for directory in made:
-        shutil.rmtree(directory, ignore_errors=True)
+    _made.discard()
 
 
 def write_failure(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
@@ -139,7 +149,7 @@ def write_failure(exc_type: type[BaseException], exc: BaseException, tb: Any) ->
     Written to a temporary name and renamed, so the agent never reads half a file. Nothing happens outside a
     bridged torchrun worker. Never raises (the worker is dying already; its own traceback is what matters).
     """
-    directory = os.environ.get(FAILURE_DIR_ENV)
+    directory = _settings.FAILURE_DIR.get()
     if not directory or not os.path.isdir(directory):
         return
     try:

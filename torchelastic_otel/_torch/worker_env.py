@@ -74,8 +74,19 @@ WORKER = "worker"
 DESCENDANT = "descendant"
 OTHER = "other"
 
-_claimed: list[str | None] = [None]
-_joined = [False]
+
+class _Process:
+    """What this module keeps for the process, in one place: its role as :func:`claim` found it at start-up,
+    whether it joined its worker's telemetry lazily, and (in an agent) what the workers it starts get in their
+    environment: var -> (value, prepend to a path list), never put in this process's ``os.environ``."""
+
+    def __init__(self) -> None:
+        self.claimed: "str | None" = None
+        self.joined = False
+        self.for_workers: "dict[str, tuple[str, bool]]" = {}
+
+
+_process = _Process()
 
 
 def _identity() -> tuple[str, str, str] | None:
@@ -121,13 +132,13 @@ def claim() -> str:
         os.environ[WORKER_ENV] = " ".join((str(os.getpid()), *identity))
     elif current == OTHER and not os.environ.get(WORKER_ENV):
         os.environ[WORKER_ENV] = str(os.getpid())
-    _claimed[0] = current
+    _process.claimed = current
     return current
 
 
 def claimed() -> str | None:
     """What :func:`claim` found at start-up; ``None`` if it did not run in this process."""
-    return _claimed[0]
+    return _process.claimed
 
 
 def agent_context() -> "Any":
@@ -157,9 +168,9 @@ TORCH_MODULES = ("torch.distributed.elastic.metrics", "torch.distributed.elastic
 def join_lazily() -> None:
     """A descendant (or other process that inherited a bridged environment) joins its worker's telemetry on first
     use only (see above). Costs two dict entries and a finder now; idempotent."""
-    if _joined[0]:
+    if _process.joined:
         return
-    _joined[0] = True
+    _process.joined = True
     from torchelastic_otel._torch import imports
 
     for name in BRIDGE_API_MODULES:
@@ -205,19 +216,18 @@ def worker_metadata() -> "dict[str, Any]":
 #: What the workers an agent of this process starts get in their environment: var -> (value, prepend to a path list).
 #: Never put in this process's ``os.environ``: the agent's wrapper of ``_start_workers`` applies it only while the
 #: workers start (``worker_environ``), so a process that launches in-process keeps its environment as it was.
-_for_workers: "dict[str, tuple[str, bool]]" = {}
 
 
 def prepend_env_path(patches: "Any", var: str, entry: str) -> None:
     """The workers get ``entry`` first on the path list ``var`` (their own value of it, from this process's)."""
-    _for_workers[var] = (entry, True)
-    patches.on_restore(lambda: _for_workers.pop(var, None))
+    _process.for_workers[var] = (entry, True)
+    patches.on_restore(lambda: _process.for_workers.pop(var, None))
 
 
 def set_env(patches: "Any", var: str, value: str) -> None:
     """The workers get ``var=value``."""
-    _for_workers[var] = (value, False)
-    patches.on_restore(lambda: _for_workers.pop(var, None))
+    _process.for_workers[var] = (value, False)
+    patches.on_restore(lambda: _process.for_workers.pop(var, None))
 
 
 def worker_environ() -> dict[str, str]:
@@ -225,7 +235,7 @@ def worker_environ() -> dict[str, str]:
     entry goes first, also where it is further down: e.g. behind OpenTelemetry's auto-instrumentation directory,
     which ``opentelemetry-instrument`` puts back in front of ``PYTHONPATH``)."""
     out: dict[str, str] = {}
-    for var, (value, prepend) in list(_for_workers.items()):
+    for var, (value, prepend) in list(_process.for_workers.items()):
         if prepend:
             current = os.environ.get(var)
             parts = [part for part in (current.split(os.pathsep) if current else []) if part != value]

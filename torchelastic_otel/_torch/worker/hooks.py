@@ -48,28 +48,36 @@ FLUSH_TIMEOUT_MILLIS = pipeline.EXIT_TIMEOUT_MILLIS
 
 __all__ = ["install", "is_torchrun_worker", "attempt_context"]
 
-_attempt: list[Any] = [None]
+
+class _Worker:
+    """What this worker keeps for its final words, in one place: the attempt it joined, the logger they write to
+    (at hand before a signal lands: they obtain nothing), what else they carry, and what they emitted that is not
+    yet known to have gone out."""
+
+    def __init__(self) -> None:
+        self.attempt: Any = None
+        self.final_logger: Any = None
+        self.final_extras: list[Any] = []  # the training telemetry's collectives summary (``add_final_metadata``)
+        self.emitted: list[str] = []  # final words emitted and kept for the agent
+
+
+_worker = _Worker()
 
 
 def attempt_context() -> Any:
     """The context of the agent's attempt span this worker joined (``None`` if it joined none)."""
-    return _attempt[0]
-
-
-#: What the final records (terminated, exception) carry besides the worker's identity: the training telemetry's
-#: collectives summary (``training``), added through :func:`add_final_metadata`.
-_final_extras: list[Any] = []
+    return _worker.attempt
 
 
 def add_final_metadata(source: Any) -> Any:
     """Let ``source()`` add attributes to the final records; returns how to take it back (``patches.on_restore``)."""
-    _final_extras.append(source)
-    return lambda: _final_extras.remove(source) if source in _final_extras else None
+    _worker.final_extras.append(source)
+    return lambda: _worker.final_extras.remove(source) if source in _worker.final_extras else None
 
 
 def _final_metadata() -> dict[str, Any]:
     metadata = worker_metadata()
-    for source in list(_final_extras):
+    for source in list(_worker.final_extras):
         try:
             metadata.update(source())
         except Exception:
@@ -98,10 +106,10 @@ def _join_agent_trace(patches: Patches) -> None:
     runtime.add_unbuilt_exit_hook(hand_to_agent)
     patches.on_restore(lambda: runtime.remove_unbuilt_exit_hook(hand_to_agent))
     token = otel_context.attach(ctx)
-    _attempt[0] = ctx
+    _worker.attempt = ctx
 
     def leave() -> None:
-        _attempt[0] = None
+        _worker.attempt = None
         otel_context.detach(token)
 
     patches.on_restore(leave)
@@ -123,13 +131,10 @@ def _process_start_ns() -> int | None:
         return None
 
 
-_final_logger: list[Any] = [None]
-
-
 def _keep_final_logger(_phase: Any = None) -> None:
     """Whenever a pipeline becomes READY, the logger the final words write to is at hand: they obtain nothing."""
     current = pipeline.ready()
-    _final_logger[0] = (
+    _worker.final_logger = (
         None if current is None else current.logger_provider.get_logger("torchelastic_otel.worker", __version__)
     )
 
@@ -144,17 +149,17 @@ def _final_words(event: Event, extra: dict[str, Any] | None = None) -> str | Non
     """
     fields = event_adapter.to_log_fields(event)
     fields["attributes"].update(_attributes.encodable_attributes(extra, "logs") if extra else {})  # code.file.path
-    ctx = _attempt[0]
+    ctx = _worker.attempt
     path = final_words.write(fields, ctx)
     if path is None and pipeline.building():
         pipeline.wait_built(FLUSH_TIMEOUT_MILLIS / 2000)
-    logger = _final_logger[0]
+    logger = _worker.final_logger
     if pipeline.ready() is None or logger is None:
         return path
     try:
         logger.emit(context=ctx, **fields)
         if path is not None:
-            _emitted.append(path)
+            _worker.emitted.append(path)
     except Exception:
         from torchelastic_otel._export import selftelemetry
 
@@ -162,22 +167,18 @@ def _final_words(event: Event, extra: dict[str, Any] | None = None) -> str | Non
     return path
 
 
-#: Final words emitted and kept for the agent, not yet known to have gone out.
-_emitted: list[str] = []
-
-
 def _confirm() -> Any:
     """Call before a final flush; what to call with its outcome: every record emitted before it went out if it
     succeeded, so the agent does not send them again (whichever of the final flushes -- excepthook, SIGTERM --
     gets through)."""
-    before = list(_emitted)
+    before = list(_worker.emitted)
 
     def confirm(delivered: bool) -> None:
         if delivered:
             for path in before:
                 final_words.delivered(path)
-                if path in _emitted:
-                    _emitted.remove(path)
+                if path in _worker.emitted:
+                    _worker.emitted.remove(path)
 
     return confirm
 
