@@ -14,11 +14,13 @@ too; ``record`` tells the two signatures apart by its first argument.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from torchelastic_otel._export import selftelemetry
@@ -112,7 +114,7 @@ def _record_to(event: Event | RdzvEvent, destination: str) -> None:
     except Exception:  # unserializable metadata, or a user's container raising: never into the caller
         selftelemetry.count(selftelemetry.DROPPED, "logs", "not_serializable")
         return
-    record = logger.makeRecord(logger.name, logging.INFO, "(unknown file)", 0, message, None, None)
+    record = logger.makeRecord(logger.name, logging.INFO, "(unknown file)", 0, message, (), None)
     if logger.filter(record):
         for handler in others:
             if record.levelno >= handler.level:
@@ -231,3 +233,31 @@ def _fqdn() -> str:
     if not _fqdn_cache:
         _fqdn_cache.append(socket.getfqdn())
     return _fqdn_cache[0]
+
+
+@contextlib.contextmanager
+def _state_restored() -> Iterator[None]:
+    """Run a block (a test) and put the API's process-wide routing back as it was: the legacy API's handlers, the
+    destinations' logging handlers, and the per-destination loggers (forgotten before and after, with their
+    handlers detached, so the next record builds them afresh). The module keeps torch's names for this state
+    (``_log_handlers``, ``_events_loggers``), so this is the one place that knows all of it."""
+    from torchelastic_otel.events import handlers
+
+    saved = (dict(api._legacy_handlers), list(api._legacy_default), dict(handlers._log_handlers))
+    _forget_loggers()
+    try:
+        yield
+    finally:
+        api._legacy_handlers.clear()
+        api._legacy_handlers.update(saved[0])
+        api._legacy_default[:] = saved[1]
+        handlers._log_handlers.clear()
+        handlers._log_handlers.update(saved[2])
+        _forget_loggers()
+
+
+def _forget_loggers() -> None:
+    for logger in _events_loggers.values():
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+    _events_loggers.clear()

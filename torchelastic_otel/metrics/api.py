@@ -10,10 +10,12 @@ Same classes, signatures and results as torch's; the default handler discards. C
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import time
 import warnings
 from collections import namedtuple
+from collections.abc import Iterator
 from functools import wraps
 from typing import Any
 
@@ -169,7 +171,7 @@ def prof(fn=None, group: str = "torchelastic"):
                 put_metric(f"{key}.failure", 1, group)
                 raise
             finally:
-                put_metric(f"{key}.duration.ms", get_elapsed_time_ms(start), group)  # type: ignore[possibly-undefined]
+                put_metric(f"{key}.duration.ms", get_elapsed_time_ms(start), group)
             return result
 
         return wrapper
@@ -204,7 +206,7 @@ def profile(group=None):
                 _publish(group, f"{func.__name__}.failure", 1)
                 raise
             finally:
-                _publish(group, f"{func.__name__}.duration.ms", get_elapsed_time_ms(start_time))  # type: ignore[possibly-undefined]
+                _publish(group, f"{func.__name__}.duration.ms", get_elapsed_time_ms(start_time))
             return result
 
         return wrapper
@@ -258,3 +260,17 @@ def get_elapsed_time_ms(start_time_in_seconds: float):
     """Return the elapsed time in millis from the given start time."""
     end_time = time.time()
     return int((end_time - start_time_in_seconds) * 1000)
+
+
+@contextlib.contextmanager
+def _state_restored() -> Iterator[None]:
+    """Run a block (a test) and put the metric groups' handlers and the default handler back as they were (the
+    module keeps torch's names for them: ``_metrics_map``, ``_default_metrics_handler``)."""
+    global _default_metrics_handler
+    saved, saved_default = dict(_metrics_map), _default_metrics_handler
+    try:
+        yield
+    finally:
+        _metrics_map.clear()
+        _metrics_map.update(saved)
+        _default_metrics_handler = saved_default
