@@ -32,8 +32,9 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 REPEATS = 7
 N_METRIC = 10_000
@@ -251,7 +252,6 @@ def bench_events(pipeline: Any, exporter: CountingNullExporter) -> None:
     torch_record, bridge_record = torch_events.record, events.record
     raw_logger = pipeline.logger_provider.get_logger("bench.raw")
     tracer = pipeline.tracer_provider.get_tracer("bench")
-    logger_provider = pipeline.logger_provider
     to_log_fields = event_adapter.to_log_fields
     recorded = [0]
     for state, raw_error in (("SUCCEEDED", None), ("FAILED", RAW_ERROR)):

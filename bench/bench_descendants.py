@@ -16,13 +16,14 @@ start-up (``bench_job.py``'s row). Rows:
    a 127.0.0.1 port nobody listens on (the collector down): the median time of one pool, over 3 pools.
 
 ``plain`` is ``torchrun``, without OpenTelemetry variables and without the bridge's bootstrap; ``bridged`` is
-``torchelastic-otel run``. The package's modules are byte-compiled first (``compileall``, into ``__pycache__``), as
-pip does when it installs a package: a checkout run with ``PYTHONDONTWRITEBYTECODE=1`` would otherwise compile the
+``torchelastic-otel run``. The package's modules are byte-compiled first (``compileall``, into ``__pycache__``), as pip
+does when it installs a package: a checkout run with ``PYTHONDONTWRITEBYTECODE=1`` would otherwise compile the
 bootstrap's five small modules from source in every process (~3 ms of CPU more a process here); ``--no-compile``
-measures with whatever bytecode there is. The ``__pycache__`` directories the benchmark made are removed at the end. Runs alternate (plain, bridged, plain, ...) so that load from other processes hits both
-alike; each row prints the medians of ``--runs`` runs of each and their ratio, target <= 1.1x, and, for
-information, the children's CPU time (median per run of the operation): on a loaded machine it shows the bridge's
-share more steadily than wall time. Each job is stopped (its whole process tree) after 120 s.
+measures with whatever bytecode there is. The ``__pycache__`` directories the benchmark made are removed at the end.
+Runs alternate (plain, bridged, plain, ...) so that load from other processes hits both alike; each row prints the
+medians of ``--runs`` runs of each and their ratio, target <= 1.1x, and, for information, the children's CPU time
+(median per run of the operation): on a loaded machine it shows the bridge's share more steadily than wall time. Each
+job is stopped (its whole process tree) after 120 s.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def _env(kind: str, row: Row) -> dict[str, str]:
         if row.exporters == "none":
             env.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
         else:
-            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{_free_port()}", OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-                       OTEL_EXPORTER_OTLP_INSECURE="true")  # fmt: skip
+            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{_free_port()}",
+                       OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_EXPORTER_OTLP_INSECURE="true")  # fmt: skip
     return env
 
 

@@ -240,7 +240,7 @@ def steady(args: argparse.Namespace) -> None:
             print(f"  {name} job runs (s), {kind:<22} {[round(v, 2) for v in values]}")
     print(f"  bridged runs delivered {delivered} 'trainer.finished' records (expected {4 * args.runs}); "
           f"worker start spans exported: {spans} (expected {4 * args.runs + 2 * args.starts})")  # fmt: skip
-    pairs = sorted(b / p for p, b in zip(long["torchrun"], long["torchelastic-otel run"]))
+    pairs = sorted(b / p for p, b in zip(long["torchrun"], long["torchelastic-otel run"], strict=True))
     print(f"  long job, ratio of each bridged run to the plain run before it: {[round(r, 3) for r in pairs]}, "
           f"median {statistics.median(pairs):.3f}x")  # fmt: skip
     print(f"  fixed cost of the bridge per job: {fixed:+.2f} s (agent and worker start-up, exit flush); "
@@ -349,7 +349,7 @@ def fail_once(rounds: int) -> None:
               f"'{FORCED_EXIT} 9' lines per run: {forced}{not_ok}")  # fmt: skip
     print()
     diffs = (med["bridged"] - med["plain"], med["down"] - med["bridged"])
-    for (name, target), diff in zip(FAILONCE_TARGETS.items(), diffs):
+    for (name, target), diff in zip(FAILONCE_TARGETS.items(), diffs, strict=True):
         print(f"  {name} = {diff:.2f} s (target <= {target} s)  {'PASS' if diff <= target else 'MISS  <<<<<'}")
 
 

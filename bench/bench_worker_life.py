@@ -45,9 +45,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 import bench_job  # noqa: E402
+
 from tests._procs import stop_tree  # noqa: E402
 from tests.otlp_receiver import OtlpReceiver  # noqa: E402
-from torchelastic_otel._install import BOOTSTRAP_DIR  # noqa: E402
 
 KINDS = ("plain", "live", "down")
 TARGET_SECONDS = 0.3
@@ -188,11 +188,14 @@ def report(title: str, results: dict[str, dict[str, list[float]]], checked: str)
     print(f"\n  {title}: medians (s); live/down: bridged with a live collector / with the collector down")
     print(f"    {'measure':<22}{'plain':>9}{'live':>9}{'down':>9}{'live-plain':>12}{'down-plain':>12}"
           f"{'live/plain':>12}{'down/plain':>12}")  # fmt: skip
+
+    def ratio(x: float, p: float) -> str:
+        return f"{x / p:11.2f}x" if p > 0 else f"{'-':>12}"
+
     for name in results["plain"]:
         p, live, down = (median(results[k][name]) for k in KINDS)
-        ratio = lambda x: f"{x / p:11.2f}x" if p > 0 else f"{'-':>12}"  # noqa: E731
         print(f"    {name:<22}{p:9.3f}{live:9.3f}{down:9.3f}{live - p:+12.3f}{down - p:+12.3f}"
-              f"{ratio(live)}{ratio(down)}")  # fmt: skip
+              f"{ratio(live, p)}{ratio(down, p)}")  # fmt: skip
     verdicts = []
     for kind in ("live", "down"):
         extra = median(results[kind][checked]) - median(results["plain"][checked])

@@ -86,8 +86,8 @@ def _scenario(title: str, rounds: int, mode: list[str], env: dict[str, str], tmp
             result = _run(kind, tmp, mode, env)
             runs[kind].append(result)
             extra = f", records {result['records']}, dropped {result['dropped']}" if kind == "bridged" else ""
-            print(f"  round {index + 1} {kind:7}: wall {result['seconds']:.3f} s, writing {result['write_seconds']:.3f} s,"
-                  f" console lines {result['console']}{extra}")  # fmt: skip
+            print(f"  round {index + 1} {kind:7}: wall {result['seconds']:.3f} s, "
+                  f"writing {result['write_seconds']:.3f} s, console lines {result['console']}{extra}")  # fmt: skip
     return runs
 
 

@@ -233,7 +233,8 @@ def print_metrics() -> None:
 
 
 print(
-    f"torchelastic_otel API example: what one small run exports (resource service.name={resource.attributes['service.name']})"
+    "torchelastic_otel API example: what one small run exports "
+    f"(resource service.name={resource.attributes['service.name']})"
 )
 print()
 print_logs()

@@ -31,7 +31,7 @@ from torch.distributed.elastic import events, metrics
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_ddp import train_step  # noqa: E402  (the @prof-decorated step of the other example)
+from train_ddp import train_step  # the @prof-decorated step of the other example
 
 log = logging.getLogger("demo.trainer")
 tracer = trace.get_tracer("demo.trainer")

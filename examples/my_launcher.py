@@ -20,12 +20,13 @@ import socket
 import sys
 import uuid
 
-import torchelastic_otel
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+import torchelastic_otel
 
 HOST = "127.0.0.1"
 
