@@ -12,6 +12,12 @@ this package at start-up (``_torch.worker_env``), and must not pay for OpenTelem
 
 from torchelastic_otel.version import __version__
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (this module is imported at every start-up)
+if TYPE_CHECKING:  # the names __getattr__ imports on first use, for type checkers
+    from torchelastic_otel._install import install, is_installed, uninstall
+    from torchelastic_otel._torch.worker.steps import step
+    from torchelastic_otel.pipeline import flush, get_pipeline, setup, shutdown
+
 __all__ = ["__version__", "install", "uninstall", "is_installed", "setup", "flush", "shutdown", "get_pipeline", "step"]
 
 _HOMES = {

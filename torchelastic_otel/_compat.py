@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 from torchelastic_otel._export import selftelemetry
 
@@ -170,6 +170,9 @@ def batch_queue(processor: Any) -> BatchQueue | None:
 #: ``OTEL_EXPORTER_OTLP_PROTOCOL`` values -> the exporter entry point name of the ``otlp`` exporter.
 _OTLP_PROTOCOLS = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
 
+#: The signals in the order of ``_import_exporters``'s arguments and result.
+_SIGNALS: tuple[Literal["traces"], Literal["metrics"], Literal["logs"]] = ("traces", "metrics", "logs")
+
 
 def sdk_exporter_classes(signal: str, name: str) -> dict[str, type]:
     """The exporter (or metric reader) class the SDK's autoconfigure resolves for one ``OTEL_<SIGNAL>_EXPORTER``
@@ -182,8 +185,8 @@ def sdk_exporter_classes(signal: str, name: str) -> dict[str, type]:
         _fallback("opentelemetry.sdk._configuration exporters", exc)
         return {name: _exporter_entry_point(signal, name)}
     args: list[list[str]] = [[], [], []]
-    index = ("traces", "metrics", "logs").index(signal)
-    args[index] = [_get_exporter_entry_point(name, signal)]
+    index = _SIGNALS.index(signal)
+    args[index] = [_get_exporter_entry_point(name, _SIGNALS[index])]
     return dict(_import_exporters(*args)[index])
 
 

@@ -29,7 +29,8 @@ import sys
 from collections.abc import Collection
 from typing import Any
 
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+# The module starts with a file-wide "# type: ignore", so mypy sees none of its names.
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from torchelastic_otel.package import _instruments
 

@@ -77,7 +77,7 @@ def encodable_attributes(attributes: dict[str, Any], signal: str = "traces") -> 
             new_value: Any = encodable(value, signal)
         elif isinstance(value, (list, tuple)) and any(isinstance(v, str) for v in value):
             new_value = [encodable(v, signal) if isinstance(v, str) else v for v in value]
-            if all(a is b for a, b in zip(new_value, value)):
+            if all(a is b for a, b in zip(new_value, value, strict=True)):
                 new_value = value
         else:
             new_value = value

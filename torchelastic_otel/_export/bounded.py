@@ -1,8 +1,8 @@
 """Flushes and shutdowns that return in time, whatever the backend does.
 
 The SDK's ``force_flush`` and ``shutdown`` export in the calling thread and ignore their timeouts while the OTLP
-exporter retries an unreachable collector (up to 10 s per call). So they run in a helper thread that the caller
-waits for, bounded (:func:`run_bounded`), and give up early once the exports are stuck (``_export.health``). Once a flush
+exporter retries an unreachable collector (up to 10 s per call). So they run in a helper thread that the caller waits
+for, bounded (:func:`run_bounded`), and give up early once the exports are stuck (``_export.health``). Once a flush
 timed out, later ones wait at most ``DOWN_WAIT_MILLIS``: a dying job is not held up once per signal and exit path.
 """
 

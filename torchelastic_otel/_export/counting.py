@@ -1,9 +1,9 @@
 """The bridge's exporters and batch processors account for what they lose.
 
-- Each span, log record and metric exporter the bridge builds is wrapped (``wrap_exporter``): a failed export
-  counts its items as dropped (``torchelastic_otel.dropped {signal, reason="export_failed"}``) and tells
-  ``_export.health`` what is in flight, so a flush can stop waiting for the OTLP exporters' 10 s of retries. Exports keep
-  out of the moment a process forks (``forkgate``); in a forked child the parent's exporters do nothing.
+- Each span, log record and metric exporter the bridge builds is wrapped (``wrap_exporter``): a failed export counts its
+  items as dropped (``torchelastic_otel.dropped {signal, reason="export_failed"}``) and tells ``_export.health`` what is
+  in flight, so a flush can stop waiting for the OTLP exporters' 10 s of retries. Exports keep out of the moment a
+  process forks (``forkgate``); in a forked child the parent's exporters do nothing.
 - One unencodable item never costs the rest of its batch. The OTLP encoders fail a whole export on one string
   UTF-8 cannot encode (a lone surrogate, e.g. a non-UTF-8 file name through ``surrogateescape``), one log body
   of a type ``AnyValue`` has no form for, or one integer beyond int64 -- the gRPC exporter raises, the HTTP
@@ -22,7 +22,7 @@ import dataclasses
 import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Optional
+from typing import Any
 
 from torchelastic_otel import _compat
 from torchelastic_otel._export import health as _health
@@ -37,7 +37,7 @@ def _failed(result: Any) -> bool:
 
 #: What a salvage finds in a failed batch: ``None`` (nothing unencodable), or how many items are left and how to
 #: export them (the unencodable ones are already counted).
-Rest = Optional[tuple[int, Callable[[], Any]]]
+Rest = tuple[int, Callable[[], Any]] | None
 
 
 def _exporting(
@@ -193,7 +193,7 @@ def _success(signal: str) -> Any:
         return SpanExportResult.SUCCESS
     from opentelemetry.sdk._logs import export as logs_export
 
-    result = getattr(logs_export, "LogRecordExportResult", None) or getattr(logs_export, "LogExportResult")
+    result = getattr(logs_export, "LogRecordExportResult", None) or logs_export.LogExportResult
     return result.SUCCESS
 
 
@@ -319,7 +319,7 @@ class CountingMetricExporter(CountingExporter):
             ),
         )
 
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:  # type: ignore[override]
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return self._inner.force_flush(timeout_millis=timeout_millis) if os.getpid() == self._pid else True
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:  # type: ignore[override]

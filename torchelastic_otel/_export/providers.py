@@ -218,8 +218,8 @@ def build_logger_provider(resource: Any) -> Any:
 
 class _Bounded:
     """Mixed into the SDK's provider classes for the providers the bridge builds: ``force_flush`` and ``shutdown``
-    return in time (``_export.bounded.bounded_flush``) whoever calls them -- the bridge's exit paths or user code through
-    the plain API -- and a shutdown counts what it leaves undelivered."""
+    return in time (``_export.bounded.bounded_flush``) whoever calls them -- the bridge's exit paths or user code
+    through the plain API -- and a shutdown counts what it leaves undelivered."""
 
     _torchelastic_signal = "all"
     _torchelastic_flush_default = 30_000
@@ -236,14 +236,15 @@ class _Bounded:
 
     def force_flush_unbounded(self) -> bool:
         """The SDK's own ``force_flush`` (in the caller's thread, for as long as the exporters take)."""
-        return super().force_flush() is not False  # type: ignore[misc]
+        return super().force_flush() is not False  # type: ignore[misc]  # a mixin: super() is the SDK's provider
 
     def shutdown(self, *args: Any, **kwargs: Any) -> Any:
         """Flush (bounded), then the SDK's shutdown, within the exit bound once the backend is down; what the
         batch queues and the exports in flight still held then is counted as dropped (``shutdown_timeout``)."""
         self.force_flush()
         timeout = _settings.DOWN_WAIT_MILLIS if _bounded.backend_down() else _settings.EXIT_TIMEOUT_MILLIS
-        done = _bounded.run_bounded(lambda: super(_Bounded, self).shutdown(*args, **kwargs) or True, timeout)
+        # A mixin: super() is the SDK's provider class, which the type checker cannot see from here.
+        done = _bounded.run_bounded(lambda: super(_Bounded, self).shutdown(*args, **kwargs) or True, timeout)  # type: ignore[misc]
         if done is None:
             lost = sum(counting.pending(p) for p in self._torchelastic_processors)
             lost += _health.health.in_flight().get(self._torchelastic_signal, 0)

@@ -20,15 +20,15 @@ Its life (:class:`Phase`), every transition written here and nowhere else::
     BUILDING --fork, in the child (the building thread did not survive it)----------------> UNSET
     any      --shutdown(): the bridge's providers flushed and shut down-------------------> UNSET
 
-Why a worker builds in a thread of its own, at once: importing the SDK and the OTLP exporters and building the
-providers costs 150-250 ms, which must not be added to the script's start-up; and a rank that fails in its first
-second must still lose nothing, so the pipeline is ready as early as it can be. While it is BUILDING, placeholders
-(``_export.placeholders``) stand in for the global providers; whoever asks one for a tracer, meter or logger waits for the
-build. The final words of a process (SIGTERM, an uncaught exception) never build and never wait: they take
+Why a worker builds in a thread of its own, at once: importing the SDK and the OTLP exporters and building the providers
+costs 150-250 ms, which must not be added to the script's start-up; and a rank that fails in its first second must still
+lose nothing, so the pipeline is ready as early as it can be. While it is BUILDING, placeholders
+(``_export.placeholders``) stand in for the global providers; whoever asks one for a tracer, meter or logger waits for
+the build. The final words of a process (SIGTERM, an uncaught exception) never build and never wait: they take
 :func:`ready` (no lock, no import) and, when it says ``None``, leave their record where the agent reads it.
 
-The process's hooks (fork, exit, signals) live in ``_process.runtime``, which calls into this module and is imported with
-``pipeline``, the module every user of the pipeline imports; listeners added with :func:`add_listener` hear of
+The process's hooks (fork, exit, signals) live in ``_process.runtime``, which calls into this module and is imported
+with ``pipeline``, the module every user of the pipeline imports; listeners added with :func:`add_listener` hear of
 every phase change (``_process.runtime`` registers its exit handlers on the first one).
 """
 
@@ -422,8 +422,8 @@ def after_fork_in_child() -> bool:
 def _rebuild_for_child(current: Pipeline) -> Pipeline:
     """Fresh providers, exporters and resource (``process.pid``) in the child for what the bridge built.
 
-    In the child the parent's exporters do nothing (``_export.counting``); tracers, meters and loggers obtained from them
-    before the fork stay theirs, so a child gets its own after the fork. Prometheus readers are not rebuilt: the
+    In the child the parent's exporters do nothing (``_export.counting``); tracers, meters and loggers obtained from
+    them before the fork stay theirs, so a child gets its own after the fork. Prometheus readers are not rebuilt: the
     parent serves that port. A failure gives the child a no-op pipeline (counted): the job goes on.
     """
     try:

@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from torchelastic_otel import _compat
@@ -29,7 +31,7 @@ _RDZV_MODULES = (
 )
 
 
-def _rdzv_recorder(handler: logging.Handler):  # type: ignore[no-untyped-def]
+def _rdzv_recorder(handler: logging.Handler) -> Callable[..., None]:
     import torch.distributed.elastic.events as torch_events
 
     def construct_and_record_rdzv_event(
@@ -105,7 +107,7 @@ def install(patches: Patches, handler: logging.Handler, *, import_rendezvous: bo
         logger = _compat.torch_event_logger(destination)
         if handler not in logger.handlers:
             logger.addHandler(handler)
-            patches.on_restore(lambda logger=logger: logger.removeHandler(handler))
+            patches.on_restore(functools.partial(logger.removeHandler, handler))
     recorder = _rdzv_recorder(handler)
     for module_name in _RDZV_MODULES:
         if import_rendezvous:

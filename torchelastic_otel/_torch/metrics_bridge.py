@@ -8,6 +8,8 @@ configured handler (the user's, or torch's null default) still receives every va
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.metrics._otel import OtelMetricHandler
@@ -18,9 +20,9 @@ def install(patches: Patches, handler: OtelMetricHandler) -> None:
     from torch.distributed.elastic.metrics import api as torch_metrics
 
     metric_data = torch_metrics.MetricData
-    bridge_emit = handler.emit
+    bridge_emit: Callable[[Any], None] = handler.emit  # takes torch's MetricData too: the same namedtuple fields
 
-    def add_value(self, metric_name: str, metric_value: int) -> None:  # type: ignore[no-untyped-def]
+    def add_value(self: Any, metric_name: str, metric_value: int) -> None:
         data = metric_data(time.time(), self.group_name, metric_name, metric_value)
         bridge_emit(data)
         self.handler.emit(data)

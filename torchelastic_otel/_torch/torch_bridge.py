@@ -36,8 +36,8 @@ def torch_available(import_now: bool) -> bool:
             _logger.info("torchelastic_otel: torch not available; nothing to install")
         return found
     try:
-        import torch.distributed.elastic.events  # noqa: F401
-        import torch.distributed.elastic.metrics  # noqa: F401
+        import torch.distributed.elastic.events
+        import torch.distributed.elastic.metrics  # noqa: F401 - imported to see that both can be
     except Exception as exc:
         _logger.info("torchelastic_otel: torch.distributed.elastic not available (%s); nothing to install", exc)
         return False

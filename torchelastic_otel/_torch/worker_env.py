@@ -81,9 +81,9 @@ class _Process:
     environment: var -> (value, prepend to a path list), never put in this process's ``os.environ``."""
 
     def __init__(self) -> None:
-        self.claimed: "str | None" = None
+        self.claimed: str | None = None
         self.joined = False
-        self.for_workers: "dict[str, tuple[str, bool]]" = {}
+        self.for_workers: dict[str, tuple[str, bool]] = {}
 
 
 _process = _Process()

@@ -26,7 +26,7 @@ import json
 import logging
 import time
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context, trace
 from opentelemetry._logs import NoOpLogger, SeverityNumber
@@ -38,6 +38,9 @@ from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel._export import selftelemetry
 from torchelastic_otel.events.api import Event, EventHandler, RdzvEvent
 from torchelastic_otel.version import __version__
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 __all__ = ["OtelEventHandler", "OtelLoggingHandler", "to_log_fields", "export_event"]
 
@@ -57,15 +60,17 @@ _SEVERITY = {
 _INFO = (SeverityNumber.INFO, "INFO")
 
 
-def _is_rdzv(event: object) -> bool:
-    """A rendezvous event: ours, or one of the same shape (e.g. torch's own ``RdzvEvent`` handed to ``record``)."""
+def _is_rdzv(event: object) -> TypeIs[RdzvEvent]:
+    """A rendezvous event: ours, or one of the same shape (e.g. torch's own ``RdzvEvent`` handed to ``record``).
+    Typed ``TypeIs[RdzvEvent]``: the bridge reads one as its ``RdzvEvent``, anything else as an ``Event`` (torch's
+    too)."""
     return isinstance(event, RdzvEvent) or (not isinstance(event, Event) and hasattr(event, "node_state"))
 
 
 def _state_of(event: Event | RdzvEvent) -> str:
     if _is_rdzv(event):
-        state = event.node_state
-        return _attributes.safe_str(state.value if isinstance(state, Enum) else state)  # torch's NodeState too
+        node_state = event.node_state
+        return _attributes.safe_str(node_state.value if isinstance(node_state, Enum) else node_state)  # torch's too
     metadata = event.metadata if isinstance(event.metadata, dict) else {}
     state = metadata.get("state")
     if isinstance(state, str) and state:
@@ -329,8 +334,8 @@ def export_event(event: Event | RdzvEvent, extra_attributes: dict[str, Any] | No
             fields = to_log_fields(event, now)
             if extra_attributes:
                 fields["attributes"].update(_attributes.encodable_attributes(extra_attributes, "logs"))
-        if recording:
-            span.add_event(fields["event_name"], fields["attributes"], fields["timestamp"])
+            if recording:
+                span.add_event(fields["event_name"], fields["attributes"], fields["timestamp"])
         if enabled:
             _buffer.submit((_snapshot(event) if fields is None else None, fields, now, context.get_current()))
     except Exception as exc:  # telemetry never raises into the job
@@ -361,11 +366,12 @@ class OtelLoggingHandler(logging.Handler):
         super().__init__(level)
         pipeline.prepare()  # the bridge's global providers now, before the application starts spans
 
-    def emit(self, record: logging.LogRecord) -> None:  # noqa: D102 - logging.Handler API
+    def emit(self, record: logging.LogRecord) -> None:  # logging.Handler's API
         try:
             msg = record.msg
+            event: Event | RdzvEvent | None
             if isinstance(msg, (Event, RdzvEvent)):
-                event: Event | RdzvEvent | None = msg
+                event = msg
             else:
                 try:
                     message = record.getMessage()
@@ -401,7 +407,7 @@ class OtelEventHandler(EventHandler):
         self.delegate = delegate
         pipeline.prepare()
 
-    def record(self, event: Event) -> None:  # noqa: D102 - EventHandler API
+    def record(self, event: Event) -> None:  # EventHandler's API
         export_event(event)
         if self.delegate is not None:
             try:

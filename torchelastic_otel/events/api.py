@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any, Union
+from typing import Any
 
 __all__ = [
     "EventSource",
@@ -32,7 +32,7 @@ __all__ = [
     "record_event",
 ]
 
-EventMetadataValue = Union[str, int, float, bool, None]
+EventMetadataValue = str | int | float | bool | None
 
 #: The legacy API's default event type, reserved for platform events.
 DEFAULT_EVENT_TYPE = "torchelastic"
@@ -101,7 +101,7 @@ class Event:
         timestamp: Any = 0,
         metadata: Any = None,
         *,
-        type: str | None = None,  # noqa: A002 - the legacy API's keyword
+        type: str | None = None,  # the legacy API's keyword (shadows the builtin here)
         event_type: str | None = None,
     ) -> None:
         legacy_type = event_type if event_type is not None else type
@@ -127,7 +127,7 @@ class Event:
         return self.serialize()
 
     @staticmethod
-    def deserialize(data: Union[str, "Event"]) -> "Event":
+    def deserialize(data: str | Event) -> Event:
         if isinstance(data, Event):
             return data
         data_dict = json.loads(data)
@@ -175,7 +175,7 @@ class RdzvEvent:
         return self.serialize()
 
     @staticmethod
-    def deserialize(data: Union[str, "RdzvEvent"]) -> "RdzvEvent":
+    def deserialize(data: str | RdzvEvent) -> RdzvEvent:
         if isinstance(data, RdzvEvent):
             return data
         data_dict = json.loads(data)

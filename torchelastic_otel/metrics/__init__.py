@@ -13,8 +13,6 @@ Code written against torch's module works after a prefix change. Add :class:`Ote
 How names map to instruments is the rule table in :mod:`torchelastic_otel.metrics.rules`.
 """
 
-from typing import Optional
-
 from torchelastic_otel.metrics._otel import DEFAULT_MAX_PENDING, OtelMetricHandler
 from torchelastic_otel.metrics.api import (  # noqa: F401
     ConsoleMetricHandler,
@@ -57,6 +55,6 @@ __all__ = [
 ]
 
 
-def initialize_metrics(cfg: Optional[MetricsConfig] = None):
+def initialize_metrics(cfg: MetricsConfig | None = None):
     """torch's hook for metric initialisation; a no-op here as in torch."""
     pass

@@ -17,7 +17,8 @@ import collections
 import logging
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torchelastic_otel import pipeline
 from torchelastic_otel._export import attributes as _attributes

@@ -158,12 +158,12 @@ def _rank_steps(job: Job) -> list[RankSteps]:
             steps=(duration.count or 0) + 1 if duration is not None else 0,
         ))  # fmt: skip
     for restart in {r.restart for r in out}:
-        same = [r for r in out if r.restart == restart and r.arrival is not None]
+        same = [(r, r.arrival) for r in out if r.restart == restart and r.arrival is not None]
         if len(same) < 2:
             continue
-        median = statistics.median(r.arrival for r in same)  # type: ignore[misc]
-        for r in same:
-            r.ratio = r.arrival / median if median > 0 else None  # type: ignore[operator]
+        median = statistics.median(seconds for _, seconds in same)
+        for r, seconds in same:
+            r.ratio = seconds / median if median > 0 else None
     return out
 
 

@@ -29,7 +29,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -381,11 +382,12 @@ def _report_root_cause(agent: Any, state: _AgentState, worker_group: Any, failur
     host = _attributes.encodable(socket.gethostname(), "traces")  # as OTel's host.name (getfqdn may say localhost)
     # The exception's message and traceback come back from the worker's file and may hold lone surrogates.
     attributes = _attributes.encodable_attributes({**root_cause.attributes(cause), "host.name": host}, "traces")
+    restart_count = _restart_count(agent)
     metadata = {
         "state": "FAILED",
         "run_id": state.run_attributes.get(names.RUN_ID),
         "role": state.run_attributes.get(names.ROLE),
-        "restart_count": _restart_count(agent),
+        "restart_count": restart_count,
     }
     event = Event(names.ROOT_CAUSE, EventSource.AGENT, cause.time_unix_nano // 1_000_000, metadata)
     event_adapter.export_event(event, attributes)
@@ -402,7 +404,7 @@ def _report_root_cause(agent: Any, state: _AgentState, worker_group: Any, failur
         {
             names.RUN_ID: str(metadata["run_id"] or ""),
             names.ROLE: str(metadata["role"] or ""),
-            names.RESTART_COUNT: int(metadata["restart_count"]),
+            names.RESTART_COUNT: restart_count,
             names.ROOT_CAUSE_RANK: cause.rank,
             names.ROOT_CAUSE_REASON: cause.reason,
             "host.name": host,
@@ -434,7 +436,7 @@ def _wrap_restart(orig: Callable[..., Any], metric_emit: Callable[[MetricData], 
         restart_count = _restart_count(self)
         reason = "failure" if state.last_state in ("FAILED", "UNHEALTHY") else "membership_change"
         role = str(getattr(_spec(self), "role", "default"))
-        attributes = {
+        attributes: dict[str, str | int] = {
             names.RESTART_COUNT: restart_count,
             names.RESTART_REASON: reason,
             names.REMAINING_RESTARTS: _remaining_restarts(self),

@@ -98,7 +98,7 @@ def detach(name: str) -> None:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
-    sys.stdout = sys.stderr = None  # type: ignore[assignment] - nothing to write to
+    sys.stdout = sys.stderr = None  # nothing to write to
 
 
 class PassThrough:

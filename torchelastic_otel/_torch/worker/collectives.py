@@ -29,6 +29,7 @@ by its name where it has none (``undefined``).
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import sys
 import threading
@@ -130,7 +131,7 @@ def _as_int(raw: Any) -> int:
 
 
 def _groups(data: dict[str, Any]) -> list[Group]:
-    groups = []
+    groups: list[Group] = []
     table = data.get("pg_status")
     if not isinstance(table, dict):
         return groups
@@ -242,7 +243,7 @@ def arrivals_of(marks: list[int], created: list[int], after_ns: int = 0) -> list
     """For each step ``(marks[i-1], marks[i]]`` ending after ``after_ns``: seconds from its start to the last
     collective created in it (``created`` sorted); steps with no collective in them are left out."""
     out = []
-    for start, end in zip(marks, marks[1:]):
+    for start, end in itertools.pairwise(marks):
         if end <= after_ns:
             continue
         last = bisect.bisect_right(created, end) - 1

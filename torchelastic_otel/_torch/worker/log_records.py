@@ -62,7 +62,7 @@ def install(patches: Any, default_context: Callable[[], Any]) -> None:
     buffer = _RecordBuffer(default_context)
     original = logging.Logger.callHandlers
 
-    def callHandlers(self: logging.Logger, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+    def callHandlers(self: logging.Logger, record: logging.LogRecord) -> None:  # logging's name
         try:
             original(self, record)
         finally:

@@ -3,8 +3,8 @@
 On the training path (torch's optimizer calls its global post hooks after every ``step()``) a mark is one append of
 ``(time.time_ns(), id(optimizer))`` to a bounded deque: well under the 2 µs a step the bridge may cost
 (``bench/bench_steps.py``). A full deque turns marks away and counts them (``buffer_full``), as the bridge's metric
-buffers do. The drainer thread (``_export.drainer``, every 0.5 s, and before every metric collection) turns the marks into
-step durations: histogram ``torchelastic.worker.step.duration`` (s) and counter ``torchelastic.worker.steps``. They
+buffers do. The drainer thread (``_export.drainer``, every 0.5 s, and before every metric collection) turns the marks
+into step durations: histogram ``torchelastic.worker.step.duration`` (s) and counter ``torchelastic.worker.steps``. They
 carry no rank attribute: the worker's resource says which rank it is.
 
 Which steps count, when a process has several optimizers (a GAN's two, one per parameter group): the *step clock* is
