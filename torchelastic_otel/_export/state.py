@@ -468,6 +468,7 @@ def setup(tracer_provider: Any = None, meter_provider: Any = None, logger_provid
     if state.phase is Phase.FORKED:
         get_pipeline()  # a forked child: the bridge's own providers first become the child's
     base = _from_environment() if None in (tracer_provider, meter_provider, logger_provider) else None
+    # base is read only for a provider not given, and then it was built (the ignores: mypy cannot see that)
     return _ready(
         Pipeline(
             tracer_provider if tracer_provider is not None else base.tracer_provider,  # type: ignore[union-attr]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+from collections.abc import Callable
 from typing import IO
 
 from torchelastic_otel.report import metrics as metrics_mod
@@ -118,8 +119,8 @@ def _axis(plot: int, span: int) -> str:
     return "".join(axis)
 
 
-def _draw(cells: list[str], paint: dict[int, str], bar: timeline.Bar, col: object) -> None:
-    first, last = col(bar.start), col(bar.end)  # type: ignore[operator]
+def _draw(cells: list[str], paint: dict[int, str], bar: timeline.Bar, col: Callable[[int], int]) -> None:
+    first, last = col(bar.start), col(bar.end)
     if bar.cls.startswith("attempt"):
         for i in range(first, last + 1):
             cells[i] = "─"
