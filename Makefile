@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 TORCH_VERSION := 2.13.0
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: venv demo lint test test-compat bench clean stack-deps browser-deps
+.PHONY: venv demo lint test test-fast test-compat bench clean stack-deps browser-deps
 
 venv: $(STAMP)
 
@@ -26,6 +26,11 @@ demo: venv
 
 test: venv lint stack-deps browser-deps
 	$(PY) -m pytest -q
+
+# The tests that run in one process (tests/unit, less the ones marked as starting processes): under a minute.
+# `make test` runs everything: the torchrun jobs (tests/jobs), the servers (tests/stack) and the browser too.
+test-fast: venv
+	$(PY) -m pytest -q -m "not jobs and not stack and not browser"
 
 # Lint, format and type checks (configured in pyproject.toml) and no import cycle in the package.
 lint: venv

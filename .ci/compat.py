@@ -35,17 +35,17 @@ CACHE = Path(os.environ.get("TORCHELASTIC_OTEL_COMPAT_CACHE") or Path.home() / "
 #: SIGTERMed, worker set-up, failure reports, the event/metric mapping, both APIs and the pinned internals; the final
 #: words of bridge-unaware scripts wherever the signal lands, and the processes a worker starts.
 TESTS = (
-    "tests/test_torchrun.py",
-    "tests/test_worker_sigterm.py",
-    "tests/test_worker_setup.py",
-    "tests/test_reliability_workers.py",
-    "tests/test_mapping.py",
-    "tests/test_events_api.py",
-    "tests/test_metrics_api.py",
-    "tests/test_compat.py",
-    "tests/test_compat_releases.py",
-    "tests/test_final_words.py",
-    "tests/test_descendants.py",
+    "tests/jobs/test_torchrun.py",
+    "tests/jobs/test_worker_sigterm.py",
+    "tests/jobs/test_worker_setup.py",
+    "tests/jobs/test_reliability_workers.py",
+    "tests/unit/test_mapping.py",
+    "tests/unit/test_events_api.py",
+    "tests/unit/test_metrics_api.py",
+    "tests/unit/test_compat.py",
+    "tests/unit/test_compat_releases.py",
+    "tests/jobs/test_final_words.py",
+    "tests/jobs/test_descendants.py",
 )
 #: The test tools (the ``test`` extra without the packages whose releases a combination pins).
 TEST_TOOLS = ("pytest>=8", "pyyaml>=6", "hypothesis>=6.100", "grpcio>=1.60", "setuptools>=77", "wheel")

@@ -1,0 +1,213 @@
+"""A torchrun worker builds its pipeline at start-up, in a thread of its own (``pipeline.start_building``).
+
+Each test starts a real interpreter with torchrun's worker environment and the bridge's bootstrap
+``sitecustomize`` (exactly what a bridged agent gives its workers), exporting over real OTLP/gRPC to a receiver on
+127.0.0.1, and checks at the receiver:
+
+- at the training script's first line the bridge is installed and its pipeline is being built or ready -- the
+  script did not wait for it: the main thread imported neither the SDK nor an exporter for it; a span the script
+  starts right away is exported, with the worker's resource, under the agent's attempt span;
+- a worker that records nothing still gets its ``torchelastic.worker.start`` span out, with no delay to wait for;
+- the first event is exported by the background drainer, the script never waits;
+- an application that sets its own tracer provider during start-up gets the bridge's telemetry in it;
+- with a Prometheus exporter the pipeline is built before the script starts: the endpoint is up at its first line;
+- a worker that exits at once still delivers its span and its event (the build is waited for, bounded, before
+  the interpreter refuses new threads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.support import ROOT
+from tests.support.otlp_receiver import OtlpReceiver
+from torchelastic_otel._install import AUTO_INSTALL_ENV, BOOTSTRAP_DIR
+
+pytest.importorskip("torch.distributed.elastic.events")
+
+RUN_ID = "deferred-setup"
+TIMEOUT = 90
+
+
+def worker_env(rx: OtlpReceiver | None, **overrides: str) -> dict[str, str]:
+    """torchrun's worker environment, the bridge's bootstrap, OTLP/gRPC to ``rx``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_", "TRACEPARENT"))}
+    env.update(
+        RANK="1", LOCAL_RANK="1", GROUP_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", ROLE_NAME="trainer",
+        TORCHELASTIC_RUN_ID=RUN_ID, TORCHELASTIC_RESTART_COUNT="0", OTEL_BSP_SCHEDULE_DELAY="100",
+        OTEL_BLRP_SCHEDULE_DELAY="100", TRACEPARENT="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        PYTHONPATH=os.pathsep.join(p for p in (BOOTSTRAP_DIR, str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        **{AUTO_INSTALL_ENV: "1"},
+    )  # fmt: skip
+    if rx is not None:
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+                   OTEL_EXPORTER_OTLP_INSECURE="true")  # fmt: skip
+    env.update(overrides)
+    return env
+
+
+def run(code: str, env: dict[str, str]) -> dict[str, Any]:
+    """Run ``code`` (which prints one JSON line last) in a worker interpreter; its parsed last line."""
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=TIMEOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+#: What the worker's script sees at its first line: the bridge installed, its pipeline being built or built, and
+#: whether the main thread was the one that built it (it never is: the builder thread is).
+FIRST_LINE = r"""
+import json, sys, threading
+from opentelemetry import trace
+from torchelastic_otel import pipeline
+first_line = {
+    "installed": __import__("torchelastic_otel").is_installed(),
+    "phase": pipeline.state.phase.value,
+    "builder": pipeline.state.builder is not None and pipeline.state.builder is not threading.main_thread(),
+}
+"""
+
+
+def run_until_received(code: str, env: dict[str, str], rx: OtlpReceiver, what: Any) -> tuple[dict[str, Any], bool]:
+    """Run ``code`` in a worker interpreter that stays alive (reading its stdin) until ``what(rx)`` holds at the
+    receiver (or 30 s pass), then ends with ``os._exit``: no flush, no exit handler, so what arrived was sent by
+    the bridge's background threads. Returns the child's JSON line and whether ``what`` held."""
+    code += "\nsys.stdin.read()\nprint(json.dumps(first_line), flush=True)\nimport os\nos._exit(0)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        arrived = rx.wait_for(what, timeout=30)
+        out, err = proc.communicate("", timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1]), arrived
+
+
+def worker_start(rx: OtlpReceiver) -> list[dict[str, Any]]:
+    return [s for s in rx.spans("torchelastic.worker.start") if s["resource"].get("torchelastic.run_id") == RUN_ID]
+
+
+def test_the_pipeline_is_built_beside_the_script_and_a_span_started_at_once_is_exported() -> None:
+    code = FIRST_LINE + r"""
+with trace.get_tracer("app").start_as_current_span("app.first"):
+    pass
+first_line["phase_after_first_span"] = pipeline.state.phase.value
+print(json.dumps(first_line))
+"""
+    with OtlpReceiver() as rx:
+        got = run(code, worker_env(rx))  # a normal exit: the exit handler flushes
+        assert got["installed"] is True and got["phase_after_first_span"] == "ready"
+        assert got["phase"] == "ready" or (got["phase"] == "building" and got["builder"]), got
+        assert rx.wait_for(lambda r: r.spans("app.first") and worker_start(r), timeout=30)
+        app = rx.spans("app.first")[0]
+        assert app["resource"]["torchelastic.rank"] == 1 and app["resource"]["torchelastic.run_id"] == RUN_ID
+        assert app["trace_id"] == "0af7651916cd43dd8448eb211c80319c"  # a child of the agent's attempt span
+        start = worker_start(rx)[0]
+        assert start["parent_span_id"] == "b7ad6b7169203331"
+        assert start["end_time_unix_nano"] >= start["start_time_unix_nano"] > 0
+
+
+def test_the_first_event_is_exported_in_the_background() -> None:
+    """The drainer moves the first event (0.5 s rounds) once the pipeline is built; the script never waits."""
+    code = FIRST_LINE + r"""
+from torch.distributed.elastic import events
+events.record(events.Event("trainer.started", events.EventSource.WORKER, metadata={"rank": 1}), destination="otel")
+"""
+    with OtlpReceiver() as rx:
+        arrived_both = lambda r: r.logs("trainer.started") and worker_start(r)
+        got, arrived = run_until_received(code, worker_env(rx), rx, arrived_both)
+        assert got["installed"] is True
+        assert arrived, (rx.requests, got)
+        assert rx.logs("trainer.started")[0]["resource"]["torchelastic.rank"] == 1
+
+
+def test_a_worker_that_records_nothing_is_set_up_at_once() -> None:
+    """No first use to wait for: the worker span goes out by the batch processor alone (the process ends with
+    ``os._exit``, so no flush or exit handler sent it)."""
+    code = FIRST_LINE
+    with OtlpReceiver() as rx:
+        got, arrived = run_until_received(code, worker_env(rx), rx, lambda r: len(worker_start(r)) == 1)
+        assert got["installed"] is True and arrived, rx.requests
+
+
+def test_an_application_provider_set_at_start_up_is_the_global_one() -> None:
+    """An application that sets its own tracer provider in its script (after the bridge built its own) can: no
+    "Overriding ... is not allowed", its spans go to its provider; the bridge goes on exporting through its own."""
+    code = FIRST_LINE + r"""
+import logging, io
+warnings = io.StringIO()
+logging.getLogger("opentelemetry").addHandler(logging.StreamHandler(warnings))
+pipeline.wait_built(30)
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+with trace.get_tracer("app").start_as_current_span("app.own"):
+    pass
+import torchelastic_otel
+torchelastic_otel.flush()
+first_line["app_spans"] = sorted(s.name for s in exporter.get_finished_spans())
+first_line["global_is_app"] = trace.get_tracer_provider() is provider
+first_line["bridge_kept_its_own"] = torchelastic_otel.get_pipeline().tracer_provider is not provider
+first_line["warnings"] = warnings.getvalue()
+print(json.dumps(first_line))
+"""
+    with OtlpReceiver() as rx:
+        got = run(code, worker_env(rx))
+        assert got["app_spans"] == ["app.own"] and got["global_is_app"] and got["bridge_kept_its_own"], got
+        assert "Overriding" not in got["warnings"]
+        assert rx.wait_for(lambda r: worker_start(r), timeout=30), rx.requests
+
+
+def test_with_a_prometheus_exporter_the_pipeline_is_ready_at_the_first_line() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        base = sock.getsockname()[1]
+    port = base + 1 + 1  # the worker's port: base + 1 + LOCAL_RANK
+    code = FIRST_LINE + rf"""
+import urllib.request
+first_line["status"] = urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=10).status
+print(json.dumps(first_line))
+import os
+os._exit(0)
+"""
+    env = worker_env(None, OTEL_METRICS_EXPORTER="prometheus", OTEL_TRACES_EXPORTER="none",
+                     OTEL_LOGS_EXPORTER="none", OTEL_EXPORTER_PROMETHEUS_PORT=str(base))  # fmt: skip
+    got = run(code, env)
+    assert got["phase"] == "ready" and got["status"] == 200
+
+
+@pytest.mark.parametrize("record", [False, True], ids=["quiet", "one-event"])
+def test_a_worker_that_exits_at_once_delivers_at_exit(record: bool) -> None:
+    """A normal exit at once, the pipeline perhaps still being built: the build is waited for before the
+    interpreter shuts down (whose thread pools refuse work by the time ``atexit`` handlers run), so the worker span
+    and the event arrive."""
+    code = FIRST_LINE
+    if record:
+        code += (
+            "from torch.distributed.elastic import events\n"
+            "events.record(events.Event('trainer.done', events.EventSource.WORKER), destination='otel')\n"
+        )
+    code += "print(json.dumps(first_line))\n"
+    with OtlpReceiver() as rx:
+        # No agent here to hand the span to, so the exit waits for the build, within the exit bound: a generous one,
+        # as on a loaded 2-core machine the build alone can take over a second; what is tested is the delivery.
+        got = run(code, worker_env(rx, TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="10000"))
+        assert got["installed"] is True
+        assert rx.wait_for(lambda r: worker_start(r) and (not record or r.logs("trainer.done")), timeout=30), (
+            rx.requests
+        )

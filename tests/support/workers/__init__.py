@@ -1,0 +1,1 @@
+"""Scripts the tests run by path: torchrun workers and child programs (``tests.support.WORKERS``)."""

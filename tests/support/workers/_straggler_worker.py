@@ -1,0 +1,79 @@
+"""A 4-rank DDP training job on CPU (gloo) with one slow rank: its forward takes half a step longer.
+
+Used by ``tests/stack/test_straggler.py``. A plain training script, unaware of the bridge (torch's APIs only): under
+synchronous DDP every rank's step takes the same time -- the fast ranks wait in the gradient all-reduce for the slow
+one -- so step time alone cannot name it.
+
+Each rank's forward sleeps ``--base`` seconds (the work of a step); rank ``--slow-rank`` sleeps ``--extra`` more.
+Every ``--check-every`` steps from ``--min-steps`` on, the ranks agree (an all-reduce of a flag) whether the file
+``--go`` exists: then they stop together (at most ``--max-steps``, so a harness bug ends the job). At the end each
+rank prints ``straggler_worker rank R: steps N, median step S ms`` and exits 0 (``os._exit`` after
+``destroy_process_group``: after gloo use the interpreter may abort at exit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--base", type=float, default=0.2)
+    parser.add_argument("--extra", type=float, default=0.1)
+    parser.add_argument("--slow-rank", type=int, default=2)
+    parser.add_argument("--min-steps", type=int, default=20)
+    parser.add_argument("--max-steps", type=int, default=600)
+    parser.add_argument("--check-every", type=int, default=10)
+    parser.add_argument("--go", required=True)
+    args = parser.parse_args()
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    delay = args.base + (args.extra if rank == args.slow_rank else 0.0)
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hidden = torch.nn.Linear(64, 64)
+            self.out = torch.nn.Linear(64, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(delay)  # the forward's work; the slow rank's takes longer
+            return self.out(torch.relu(self.hidden(x)))
+
+    torch.manual_seed(0)
+    model = DDP(Model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    ends: list[float] = []
+    step = 0
+    while step < args.max_steps:
+        if step >= args.min_steps and step % args.check_every == 0:
+            flag = torch.tensor([1.0 if os.path.exists(args.go) else 0.0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0:
+                break
+        optimizer.zero_grad()
+        loss = model(torch.randn(16, 64)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        ends.append(time.monotonic())
+        step += 1
+    durations = [b - a for a, b in zip(ends, ends[1:])]
+    median = statistics.median(durations) * 1000 if durations else 0.0
+    sys.stdout.write(f"straggler_worker rank {rank}: steps {step}, median step {median:.1f} ms\n")
+    sys.stdout.flush()
+    dist.destroy_process_group()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""What ``torchelastic-otel report`` makes of its input: files of any OTLP JSON Lines writer, and bad input.
+
+The input is written by the real exporter package (``tests/support/report_files.py``: a synthetic job of the shape the
+bridge exports, with known times), then rearranged the way other writers do it (the Collector's file exporter puts
+every signal in one file and may compress it) or damaged (a line cut short, not JSON, not OTLP, an unknown field,
+one bad span among good ones, a binary file). Bad input is skipped and counted with where it was, never an
+exception; a path with nothing usable is a one-line error with exit status 2. Hostile strings in the telemetry
+stay text in the HTML. The bridge's side is checked too: ``otlp_json_file`` with ``TORCHELASTIC_OTEL_FILE_DIR``
+writes one file per process and signal.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT
+
+pytest.importorskip("opentelemetry.exporter.otlp.json.file")
+
+from tests.support.report_files import Shape, write_job
+from torchelastic_otel.report import html, model, otlpjson, terminal, timeline
+from torchelastic_otel.report.cli import main as report_main
+from torchelastic_otel.report.metrics import thin
+
+
+@pytest.fixture
+def job_files(tmp_path: Path) -> Path:
+    directory = tmp_path / "job"
+    write_job(directory, Shape())
+    return directory
+
+
+def counts(tel: otlpjson.Telemetry) -> tuple[int, int, int]:
+    return len(tel.spans), len(tel.logs), len(tel.points)
+
+
+# ---- the model of a known job -------------------------------------------------------------------------------------
+
+
+def test_a_synthetic_job(job_files: Path) -> None:
+    tel = otlpjson.read([job_files])
+    assert not tel.problems
+    (job,) = model.build(tel)
+    assert job.run_id == "synthetic-run" and job.outcome == "SUCCEEDED"
+    assert [(a.restart, a.failed) for a in job.attempts] == [(0, True), (1, False)]
+    runs = {(w.restart, w.rank): w for w in job.workers}
+    assert {k: w.state for k, w in runs.items()} == {
+        (0, 0): "terminated", (0, 1): "failed", (1, 0): "succeeded", (1, 1): "succeeded"}  # fmt: skip
+    assert all(len(w.spans) == 3 for w in runs.values())
+    cause = job.attempts[0].root_cause
+    assert cause is not None and (cause.rank, cause.source, cause.consequences) == (1, "derived", [0])
+    assert cause.exc_type == "ValueError" and "line 7" in cause.stacktrace
+    rows, left_out = timeline.rows(job)
+    assert [r.kind for r in rows] == ["agent", "rank", "rank"] and left_out == 0
+    assert [len(r.bars) for r in rows] == [2, 2, 2]
+
+
+# ---- other writers ------------------------------------------------------------------------------------------------
+
+
+def test_every_signal_in_one_file_and_compressed(job_files: Path, tmp_path: Path) -> None:
+    """The Collector's file exporter writes every signal into one file (and can compress it)."""
+    expected = counts(otlpjson.read([job_files]))
+    lines = [line for path in sorted(job_files.iterdir()) for line in path.read_text().splitlines()]
+    mixed = tmp_path / "otelcol.json"
+    mixed.write_text("\n".join(lines[::2] + lines[1::2]) + "\n")
+    assert counts(otlpjson.read([mixed])) == expected
+    packed = tmp_path / "packed" / "otelcol.jsonl.gz"
+    packed.parent.mkdir()
+    with gzip.open(packed, "wt") as fh:
+        fh.write("\n".join(lines) + "\n")
+    tel = otlpjson.read([packed.parent])
+    assert counts(tel) == expected and not tel.problems
+    (job,) = model.build(tel)
+    assert len(job.workers) == 4 and job.attempts[0].root_cause is not None
+
+
+def test_snake_case_keys_are_not_otlp_json(job_files: Path, tmp_path: Path) -> None:
+    """OTLP's JSON encoding uses lowerCamelCase keys; a file of protobuf field names is said to be something else."""
+    line = next(iter(sorted(job_files.glob("traces-*")))).read_text().splitlines()[0]
+    (tmp_path / "snake.jsonl").write_text(line.replace('"resourceSpans"', '"resource_spans"') + "\n")
+    with pytest.raises(otlpjson.ReportError, match="resource_spans"):
+        otlpjson.read([tmp_path / "snake.jsonl"])
+
+
+# ---- bad input ----------------------------------------------------------------------------------------------------
+
+
+def test_bad_lines_are_skipped_and_counted(job_files: Path, tmp_path: Path) -> None:
+    good = counts(otlpjson.read([job_files]))
+    traces = sorted(job_files.glob("traces-rank0-restart0*"))[0]
+    valid = traces.read_text().splitlines()[0]
+    spans_in_line = valid.count('"spanId"')
+    broken = json.loads(valid)
+    broken["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["startTimeUnixNano"] = "soon"  # one bad span
+    extra = json.loads(valid)
+    extra["fromAnotherWriter"] = {"version": 2}
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text("\n".join([
+        "this is not json",
+        json.dumps({"hello": "world"}),
+        "[1, 2, 3]",
+        json.dumps(broken),
+        json.dumps(extra),
+        valid[: len(valid) // 2],  # the writer died mid-line: no newline at the end
+    ]))  # fmt: skip
+    tel = otlpjson.read([job_files, damaged])
+    assert dict(tel.problems.counts) == {
+        "malformed_json": 1, "not_otlp": 2, "invalid_traces_item": 1, "unknown_field": 1, "truncated_line": 1,
+    }  # fmt: skip
+    spans, logs, points = counts(tel)
+    assert (spans, logs, points) == (good[0] + (spans_in_line - 1) + spans_in_line, good[1], good[2])
+    assert any(e.startswith(f"{damaged}:1: malformed_json") for e in tel.problems.examples)
+    assert any(e.startswith(f"{damaged}:4: invalid_traces_item") and "start_time_unix_nano" in e
+               for e in tel.problems.examples)  # fmt: skip
+    text = terminal.render(tel, model.build(tel))
+    assert "SKIPPED" in text and "truncated_line: 1" in text
+    assert "not_otlp: 2" in html.render(tel, model.build(tel))
+
+
+def test_a_binary_file_among_good_ones(job_files: Path) -> None:
+    (job_files / "otelcol.proto.json").write_bytes(b"\x00\x00\x01\x0a\x12binary protobuf\xff\xfe")
+    tel = otlpjson.read([job_files])
+    assert tel.problems.counts == {"not_json_lines": 1}
+    assert len(model.build(tel)[0].workers) == 4
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    launcher = Path(sys.executable).with_name("torchelastic-otel")
+    return subprocess.run([str(launcher), "report", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+@pytest.mark.jobs
+def test_cli_errors_are_one_line(tmp_path: Path) -> None:
+    missing = run_cli(str(tmp_path / "nope"))
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.strip() == f"torchelastic-otel report: {tmp_path / 'nope'}: no such file or directory"
+    (tmp_path / "empty").mkdir()
+    assert "no OTLP JSON Lines files" in run_cli(str(tmp_path / "empty")).stderr
+    (tmp_path / "junk.jsonl").write_text('{"a": 1}\nnot json\n')
+    junk = run_cli(str(tmp_path / "junk.jsonl"))
+    assert junk.returncode == 2 and "Traceback" not in junk.stderr
+    assert "no OTLP spans, log records or metric points in 1 file(s)" in junk.stderr and "not_otlp" in junk.stderr
+
+
+def test_cli_writes_the_html_where_asked(job_files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "deep" / "r.html"
+    assert report_main([str(job_files), "--html", str(out), "--width", "90"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-1] == f"report: {out}" and out.read_text().startswith("<!doctype html>")
+    assert max(len(line) for line in printed if line.startswith(("agent", "rank"))) <= 90
+    assert report_main([str(job_files), "--html", str(out), "--quiet"]) == 0
+    assert capsys.readouterr().out == f"report: {out}\n"
+
+
+# ---- the HTML: hostile strings stay text; sizes stay bounded ------------------------------------------------------
+
+
+HOSTILE = '</script><script>alert(1)</script><img src=x onerror=alert(2)> & "quotes"'
+
+
+def test_hostile_strings_stay_text(tmp_path: Path) -> None:
+    write_job(tmp_path / "job", Shape(run_id=HOSTILE, error=HOSTILE))
+    tel = otlpjson.read([tmp_path / "job"])
+    page = html.render(tel, model.build(tel))
+    assert "<script>alert" not in page and "<img src=x" not in page
+    assert page.count("<script") == 2 and page.count("</script>") == 2  # the JSON island and the script
+    island = re.search(r'<script id="report-data" type="application/json">(.*?)</script>', page, re.S)
+    assert island is not None
+    data = json.loads(island.group(1))
+    titles = [bar["t"] for row in data["jobs"][0]["rows"] for bar in row["bars"]]
+    assert any(HOSTILE in t for t in titles), titles  # the script gets the string exactly, and sets it as text
+    assert html.e(HOSTILE) in page  # the static parts show it escaped
+
+
+def test_timeline_and_series_are_bounded() -> None:
+    bars = [timeline.Bar(i * 10, i * 10 + 5, "span", "s", "s") for i in range(10_000)]
+    merged = timeline._bounded(bars, 100)
+    assert len(merged) <= 101 and merged[0].start == 0 and merged[-1].end == bars[-1].end
+    assert sum(int(b.label.split()[0]) if b.label.endswith("spans") else 1 for b in merged) == 10_000
+    points = [(i, float(i)) for i in range(10_000)]
+    kept = thin(points, 150)
+    assert len(kept) == 150 and kept[0] == points[0] and kept[-1] == points[-1]
+
+
+# ---- the bridge writes the files ------------------------------------------------------------------------------------
+
+
+@pytest.mark.jobs
+def test_the_file_exporter_writes_one_file_per_process_and_signal(tmp_path: Path) -> None:
+    """``OTEL_TRACES_EXPORTER=otlp_json_file`` with ``TORCHELASTIC_OTEL_FILE_DIR``: a file named by signal, host,
+    rank, restart and pid (a worker's), holding OTLP JSON Lines the report reads; without the directory the
+    exporter keeps its own default (stdout)."""
+    script = (
+        "import torchelastic_otel; from opentelemetry import trace; "
+        "trace.get_tracer('t').start_span('hello').end(); torchelastic_otel.flush()"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
+    env.update(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
+               RANK="3", TORCHELASTIC_RESTART_COUNT="2", TORCHELASTIC_RUN_ID="r1")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", "import torchelastic_otel._install as i; i.install(); " + script],
+                          env={**env, "TORCHELASTIC_OTEL_FILE_DIR": str(tmp_path)}, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (written,) = tmp_path.iterdir()
+    assert re.fullmatch(r"traces-.+-rank3-restart2-\d+\.jsonl", written.name), written.name
+    tel = otlpjson.read([written])
+    assert [s.name for s in tel.spans] == ["hello"] and tel.spans[0].proc.rank == 3
+    to_stdout = subprocess.run([sys.executable, "-c", "import torchelastic_otel._install as i; i.install(); " + script],
+                               env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert to_stdout.returncode == 0 and '"resourceSpans"' in to_stdout.stdout
