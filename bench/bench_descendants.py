@@ -3,7 +3,7 @@
 ``.venv/bin/python bench/bench_descendants.py [--runs 5]``. A report, not a test: it exits 0 and prints one
 PASS/FAIL (MISS) line per row; ~2-3 minutes on a 2-core machine with 5 runs.
 
-The worker is ``tests/_descendant_worker.py --bare`` (bridge-unaware), one rank (``--standalone
+The worker is ``tests/support/workers/_descendant_worker.py --bare`` (bridge-unaware), one rank (``--standalone
 --nproc-per-node 1``); it times each operation itself (``time.perf_counter`` around it) and writes the times to a
 probe file, with the CPU time (user + system) of the children it waited for. It starts the operation
 ``--settle`` seconds (default 2) after its own start, once its own start-up work (the bridge builds the worker's
@@ -44,11 +44,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests._procs import stop_tree  # noqa: E402
+from tests.support.procs import stop_tree  # noqa: E402
 
 BIN = Path(sys.executable).parent
 TORCHRUN, TORCHELASTIC_OTEL = BIN / "torchrun", BIN / "torchelastic-otel"
-WORKER = REPO / "tests" / "_descendant_worker.py"
+WORKER = REPO / "tests" / "support" / "workers" / "_descendant_worker.py"
 JOB_TIMEOUT = 120.0
 TARGET = 1.1
 #: Times the worker repeats the row's operation in one job (its median is the job's figure).

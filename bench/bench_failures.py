@@ -3,15 +3,15 @@
 ``.venv/bin/python bench/bench_failures.py [--rounds 5]``. A report, not a test: it exits 0 and prints PASS/MISS
 per target.
 
-The job: ``tests/_silent_worker.py --mode failonce`` (never imports the bridge, records nothing), 2 workers,
-``--standalone --max-restarts 1 --monitor-interval 0.1``. In the first attempt rank 1 exits 1 at its first line,
-so the agent SIGTERMs rank 0 while it starts (importing torch, its pipeline being built) or waits in gloo's
+The job: ``tests/support/workers/_silent_worker.py --mode failonce`` (never imports the bridge, records nothing), 2
+workers, ``--standalone --max-restarts 1 --monitor-interval 0.1``. In the first attempt rank 1 exits 1 at its first
+line, so the agent SIGTERMs rank 0 while it starts (importing torch, its pipeline being built) or waits in gloo's
 ``init_process_group`` (native code); the second attempt does one ``all_reduce`` and ends well (exit 0).
 
-Four kinds, alternating in every round (plain, live, down, silent, plain, ...) so that load from other processes
-hits them alike: ``plain`` is ``python -m torch.distributed.run``; ``live`` is ``python -m torchelastic_otel.run``
-exporting OTLP/gRPC to an ``OtlpReceiver`` on 127.0.0.1; ``down`` the same towards a 127.0.0.1 port nothing
-listens on; ``silent`` towards a server that accepts connections and never answers (``tests.silent_collector``).
+Four kinds, alternating in every round (plain, live, down, silent, plain, ...) so that load from other processes hits
+them alike: ``plain`` is ``python -m torch.distributed.run``; ``live`` is ``python -m torchelastic_otel.run`` exporting
+OTLP/gRPC to an ``OtlpReceiver`` on 127.0.0.1; ``down`` the same towards a 127.0.0.1 port nothing listens on; ``silent``
+towards a server that accepts connections and never answers (``tests.support.silent_collector``).
 
 Printed, as medians and as differences to plain:
 
@@ -38,12 +38,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests._procs import stop_tree  # noqa: E402
-from tests.otlp_receiver import OtlpReceiver  # noqa: E402
-from tests.silent_collector import SilentCollector  # noqa: E402
-from tests.test_torchrun import job_env  # noqa: E402
+from tests.support.jobs import job_env  # noqa: E402
+from tests.support.otlp_receiver import OtlpReceiver  # noqa: E402
+from tests.support.procs import stop_tree  # noqa: E402
+from tests.support.silent_collector import SilentCollector  # noqa: E402
 
-WORKER = REPO / "tests" / "_silent_worker.py"
+WORKER = REPO / "tests" / "support" / "workers" / "_silent_worker.py"
 ARGS = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
         str(WORKER), "--mode", "failonce"]  # fmt: skip
 KINDS = ("plain", "live", "down", "silent")

@@ -52,8 +52,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests._procs import stop_tree  # noqa: E402
-from tests.otlp_receiver import OtlpReceiver  # noqa: E402
+from tests.support.otlp_receiver import OtlpReceiver  # noqa: E402
+from tests.support.procs import stop_tree  # noqa: E402
 from torchelastic_otel._install import BOOTSTRAP_DIR  # noqa: E402
 
 BIN = Path(sys.executable).parent

@@ -1,6 +1,6 @@
 """How fast ``torchelastic-otel report`` renders a big job, and how big its HTML gets: ``make bench`` runs it.
 
-A synthetic job (``tests/_report_files.py``: 10 ranks, 2 attempts, the first failed) is written through the real
+A synthetic job (``tests/support/report_files.py``: 10 ranks, 2 attempts, the first failed) is written through the real
 OTLP JSON Lines exporter at three sizes and each rendered 3 times in one process the way the command does (read,
 build, terminal text, HTML); the median time is reported:
 
@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests._report_files import Shape, lines_of, size_of, write_job  # noqa: E402
+from tests.support.report_files import Shape, lines_of, size_of, write_job  # noqa: E402
 from torchelastic_otel.report import html, model, otlpjson, terminal  # noqa: E402
 
 SIZES = {

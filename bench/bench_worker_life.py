@@ -46,8 +46,8 @@ sys.path.insert(0, str(HERE))
 
 import bench_job  # noqa: E402
 
-from tests._procs import stop_tree  # noqa: E402
-from tests.otlp_receiver import OtlpReceiver  # noqa: E402
+from tests.support.otlp_receiver import OtlpReceiver  # noqa: E402
+from tests.support.procs import stop_tree  # noqa: E402
 
 KINDS = ("plain", "live", "down")
 TARGET_SECONDS = 0.3

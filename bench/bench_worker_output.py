@@ -3,9 +3,10 @@
 ``.venv/bin/python bench/bench_worker_output.py [--rounds 3] [--seconds 3] [--flood-lines 200000]``. A report, not
 a test: it exits 0 and prints PASS / MISS per target (~2 minutes on a 2-core machine).
 
-The job is ``tests/_output_worker.py --mode flood`` (bridge-unaware) with one worker, torchrun's output to a file
-as a batch system collects it, run alternately with plain ``torchrun`` and with ``python -m torchelastic_otel.run``
-exporting OTLP/gRPC to an ``OtlpReceiver`` on 127.0.0.1 (plain, bridged, plain, ...; medians):
+The job is ``tests/support/workers/_output_worker.py --mode flood`` (bridge-unaware) with one worker, torchrun's output
+to a file as a batch system collects it, run alternately with plain ``torchrun`` and with
+``python -m torchelastic_otel.run`` exporting OTLP/gRPC to an ``OtlpReceiver`` on 127.0.0.1 (plain, bridged, plain,
+...; medians):
 
 1. A worker printing 10,000 lines a second: each line after 100 us of computation (a training loop that prints),
    for ``--seconds``, with the rate limit raised to 20,000 lines a second so that all of it is below the limit.
@@ -32,8 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests import _output_jobs as jobs  # noqa: E402
-from tests.otlp_receiver import OtlpReceiver  # noqa: E402
+from tests.support import output_jobs as jobs  # noqa: E402
+from tests.support.otlp_receiver import OtlpReceiver  # noqa: E402
 
 WAIT = 60.0  # seconds to wait for a job's records at the receiver
 DONE = "output_worker flood done"
