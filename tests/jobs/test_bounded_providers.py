@@ -82,4 +82,6 @@ def test_plain_api_flush_and_shutdown_return_in_time_with_the_collector_down() -
 
 
 def test_an_applications_own_provider_is_not_wrapped() -> None:
-    assert _run(_APP_CHILD, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none") == "True"
+    assert (
+        _run(_APP_CHILD, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none") == "True"
+    )

@@ -1,12 +1,12 @@
 """The processes a worker starts pay nothing for the bridge: real torchrun jobs (CPU, gloo, 127.0.0.1).
 
-The worker is ``tests/support/workers/_descendant_worker.py``, a bridge-unaware script with two ranks. Rank 0 runs ``python -c``
-through ``subprocess`` three times, a spawn ``multiprocessing.Pool(2).map``, a ``DataLoader`` with
+The worker is ``tests/support/workers/_descendant_worker.py``, a bridge-unaware script with two ranks. Rank 0 runs
+``python -c`` through ``subprocess`` three times, a spawn ``multiprocessing.Pool(2).map``, a ``DataLoader`` with
 ``num_workers=2`` and ``multiprocessing_context="spawn"`` over two epochs, and a child that records an event itself
-through ``torchelastic_otel.events.record``; rank 1 the ``subprocess`` and ``record`` steps only (and so imports
-no torch until the ranks meet in a gloo ``all_reduce`` at the end). Every process started writes a probe of what it
-imported. The same job runs under plain ``torchrun``, and under ``torchelastic-otel run`` with the collector live
-(an ``OtlpReceiver``) and down (nobody listening on the endpoint), each once per module.
+through ``torchelastic_otel.events.record``; rank 1 the ``subprocess`` and ``record`` steps only (and so imports no
+torch until the ranks meet in a gloo ``all_reduce`` at the end). Every process started writes a probe of what it
+imported. The same job runs under plain ``torchrun``, and under ``torchelastic-otel run`` with the collector live (an
+``OtlpReceiver``) and down (nobody listening on the endpoint), each once per module.
 
 Checked: a descendant imports neither torch nor OpenTelemetry (a DataLoader worker imports torch, which it needs,
 and nothing of OpenTelemetry), does not capture its output again, and inherits its worker's mark; the worker
@@ -127,12 +127,16 @@ def finished(runs: Runs, kind: str) -> Finished:
 
 
 def child_lines(console: str) -> list[str]:
-    return sorted(line[line.index("descendant_worker"):] for line in console.splitlines() if "descendant_worker" in line)
+    return sorted(
+        line[line.index("descendant_worker") :] for line in console.splitlines() if "descendant_worker" in line
+    )
 
 
 def wait(rx: OtlpReceiver, what: str, condition: Any, job: Finished) -> None:
     if not rx.wait_for(condition, timeout=WAIT, interval=0.2):
-        got = collections.Counter((r["scope"], r["event_name"], r["resource"].get("torchelastic.rank")) for r in rx.logs())
+        got = collections.Counter(
+            (r["scope"], r["event_name"], r["resource"].get("torchelastic.rank")) for r in rx.logs()
+        )
         pytest.fail(f"timed out waiting for {what}; received log records {dict(got)}\n{job.console[-3000:]}")
 
 
@@ -284,11 +288,11 @@ def test_claim_marks_the_first_process_only(monkeypatch: pytest.MonkeyPatch) -> 
     assert worker_env.claim() == "other" and os.environ[worker_env.WORKER_ENV] == str(os.getpid())
 
 
-_HOOKED = '''
+_HOOKED = """
 import sys
 FLAG = "ran"
 sys.modules[__name__].order = getattr(sys, "_hook_order", []) + ["module"]
-'''
+"""
 
 
 def test_a_callback_runs_once_the_module_has_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

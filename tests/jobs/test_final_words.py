@@ -10,15 +10,15 @@ Now the pipeline is built at start-up in a thread of its own, the final words ne
 cannot send (the pipeline not ready yet, a collector down or silent) is kept where the agent reads it and sends it
 (``torchelastic.delivered_by="agent"``).
 
-The worker is ``tests/support/workers/_silent_worker.py``; its modes put the signal everywhere a real rank can be: still starting
-(``import``: rank 1 exits before importing torch, rank 0 is importing torch or in ``init_process_group``), in a world
-``all_reduce`` whose peer raised (``allreduce``, the example of issue 15), in a subgroup ``all_reduce`` and a TCP
-store wait (``subgroup``, both in C++ with no peer dead), in the bridge's excepthook and its flush (``excepthook``),
-at interpreter exit (``atexit``). Every mode runs bridged with the collector live, down (nothing listens) and
-silent (accepts connections, never answers: ``tests.support.silent_collector``), and once under plain torchrun. Every
-case: the same job exit code and the same per-rank exit statuses as plain torchrun (where they are not a race
-of the script's own), no SIGKILL after torch's grace, a job time within a few seconds of plain torchrun (the exact
-figures are in ``bench/bench_failures.py``); with the collector live, every rank's final record arrived.
+The worker is ``tests/support/workers/_silent_worker.py``; its modes put the signal everywhere a real rank can be: still
+starting (``import``: rank 1 exits before importing torch, rank 0 is importing torch or in ``init_process_group``), in a
+world ``all_reduce`` whose peer raised (``allreduce``, the example of issue 15), in a subgroup ``all_reduce`` and a TCP
+store wait (``subgroup``, both in C++ with no peer dead), in the bridge's excepthook and its flush (``excepthook``), at
+interpreter exit (``atexit``). Every mode runs bridged with the collector live, down (nothing listens) and silent
+(accepts connections, never answers: ``tests.support.silent_collector``), and once under plain torchrun. Every case: the
+same job exit code and the same per-rank exit statuses as plain torchrun (where they are not a race of the script's
+own), no SIGKILL after torch's grace, a job time within a few seconds of plain torchrun (the exact figures are in
+``bench/bench_failures.py``); with the collector live, every rank's final record arrived.
 
 An export in flight when the signal lands is part of the silent-collector cases: there every export hangs until
 the exporter's timeout, so each signal finds one in flight.
@@ -71,12 +71,15 @@ MODES = {
         "allreduce", 2, {0: frozenset({_TERM, _ONE}), 1: frozenset({_ONE})}, {0: _EITHER, 1: frozenset({EXCEPTION})}
     ),
     "subgroup": Mode(
-        "subgroup", 4,
+        "subgroup",
+        4,
         {0: frozenset({_TERM}), 1: frozenset({_ONE}), 2: frozenset({_TERM}), 3: frozenset({_TERM, _ONE})},
         {0: frozenset({TERMINATED}), 1: frozenset({EXCEPTION}), 2: frozenset({TERMINATED}), 3: _EITHER},
     ),  # fmt: skip
     "excepthook": Mode(
-        "excepthook", 2, {0: frozenset({_TERM, _ONE}), 1: frozenset({_TERM, _ONE})},
+        "excepthook",
+        2,
+        {0: frozenset({_TERM, _ONE}), 1: frozenset({_TERM, _ONE})},
         {0: _EITHER, 1: frozenset({EXCEPTION})},
     ),  # fmt: skip
     "atexit": Mode("atexit", 2, {0: frozenset({_TERM}), 1: frozenset({_ONE, _TERM})}, {0: frozenset({TERMINATED})}),
@@ -240,7 +243,8 @@ def test_records_the_agent_sent_say_so_and_keep_the_workers_trace(runner: Runner
 def test_the_report_puts_a_record_the_agent_sent_on_its_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A terminated record kept by a worker (``final_words.write``) and sent by its agent (``final_words.deliver``,
     through the real OTLP JSON file exporter, with the agent's resource) shows in the report on that worker: its
-    state and its stack, as if the worker had sent it. Synthetic job files (``tests/support/report_files.py``) around it."""
+    state and its stack, as if the worker had sent it. Synthetic job files (``tests/support/report_files.py``)
+    around it."""
     from importlib.metadata import entry_points
 
     if not list(entry_points(group="opentelemetry_traces_exporter", name="otlp_json_file")):
@@ -255,8 +259,15 @@ def test_the_report_puts_a_record_the_agent_sent_on_its_worker(tmp_path: Path, m
     kept.mkdir()
     facts = write_job(files, Shape(ranks=2, attempts=2, cause_rank=1))
     monkeypatch.setenv(final_words.DIR_ENV, str(kept))
-    metadata = {"run_id": facts.run_id, "global_rank": 0, "local_rank": 0, "restart_count": 0, "state": "TERMINATED",
-                "signal": "SIGTERM", "stack": 'Thread 1 "MainThread" (most recent call last):\n  all_reduce\n'}  # fmt: skip
+    metadata = {
+        "run_id": facts.run_id,
+        "global_rank": 0,
+        "local_rank": 0,
+        "restart_count": 0,
+        "state": "TERMINATED",
+        "signal": "SIGTERM",
+        "stack": 'Thread 1 "MainThread" (most recent call last):\n  all_reduce\n',
+    }
     event = Event("torchelastic.worker.terminated", EventSource.WORKER, timestamp=0, metadata=metadata)
     assert final_words.write(event_adapter.to_log_fields(event, facts.start + 3_000_000_000)) is not None
     agent = Process(files, "agent-delivery", {"torchelastic.run_id": facts.run_id, "torchelastic.process.kind": "agent",

@@ -171,7 +171,7 @@ def test_the_bridges_launcher_in_place_of_torchs_main(tmp_path: Path) -> None:
     resource needs is set for the launch only)."""
     endpoint = f"http://127.0.0.1:{free_port()}"
     plain, bridged = _plain_and_bridged("run_main", endpoint, tmp_path)
-    for launched_plain, launched in zip(plain["launches"], bridged["launches"]):
+    for launched_plain, launched in zip(plain["launches"], bridged["launches"], strict=True):
         assert sorted(launched["views"]) == sorted(launched_plain["views"]) == ["0", "1"]
         assert launched["environ_changed"] == launched_plain["environ_changed"]
         for view in launched["views"].values():

@@ -1,9 +1,9 @@
 """End to end: with only ``OTEL_*`` set, the bridge exports through the real exporters to a real receiver.
 
 The pipeline is process-global (OpenTelemetry's global providers can be set once per process), so every scenario
-runs ``tests/support/workers/_e2e_child.py`` -- a user program using only the public APIs -- in a fresh subprocess with a controlled
-environment (every inherited ``OTEL_*`` and torchrun variable removed), and asserts what arrived: decoded OTLP log
-records, spans with their span events, metric points and resources at :class:`OtlpReceiver` (gRPC and HTTP on
+runs ``tests/support/workers/_e2e_child.py`` -- a user program using only the public APIs -- in a fresh subprocess with
+a controlled environment (every inherited ``OTEL_*`` and torchrun variable removed), and asserts what arrived: decoded
+OTLP log records, spans with their span events, metric points and resources at :class:`OtlpReceiver` (gRPC and HTTP on
 127.0.0.1), the console exporters' output, or a Prometheus scrape.
 
 Unless a test says otherwise the export intervals are left at their defaults (60 s metrics, 1-5 s batches), so
@@ -71,9 +71,7 @@ def child_env(**overrides: str) -> dict[str, str]:
     """The parent's environment without any ``OTEL_*``/torchrun/bridge variable, plus ``overrides``."""
     torchrun_vars = {var for var, _kind in RESOURCE_ENV.values()}
     env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "TORCHELASTIC_")) and k not in torchrun_vars
+        k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_")) and k not in torchrun_vars
     }
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
@@ -392,8 +390,14 @@ def test_flush_then_os_exit_delivers_everything(rx: OtlpReceiver) -> None:
 def test_resource_from_environment(rx: OtlpReceiver, otel: dict[str, str], expected: dict[str, Any]) -> None:
     child = run_child(
         "default",
-        otlp_env(rx, "http", OTEL_METRIC_EXPORT_INTERVAL="500", OTEL_BLRP_SCHEDULE_DELAY="200",
-                 OTEL_BSP_SCHEDULE_DELAY="200", **otel),
+        otlp_env(
+            rx,
+            "http",
+            OTEL_METRIC_EXPORT_INTERVAL="500",
+            OTEL_BLRP_SCHEDULE_DELAY="200",
+            OTEL_BSP_SCHEDULE_DELAY="200",
+            **otel,
+        ),
     )
     assert rx.wait_for(everything_arrived, timeout=DELIVERY_WAIT), rx.requests
     assert_resources(rx, child.result, **expected)
@@ -453,8 +457,9 @@ def _json_documents(text: str) -> list[Any]:
 
 def test_console_exporters(rx: OtlpReceiver) -> None:
     # The OTLP endpoint is set too, to show the console exporters replace OTLP rather than add to it.
-    env = otlp_env(rx, "grpc", OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="console",
-                   OTEL_LOGS_EXPORTER="console")
+    env = otlp_env(
+        rx, "grpc", OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="console", OTEL_LOGS_EXPORTER="console"
+    )
     child = run_child("default", env)
 
     docs = _json_documents(child.stdout)

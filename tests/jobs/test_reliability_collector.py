@@ -58,7 +58,7 @@ def test_collector_unreachable_for_the_whole_job(tmp_path: Path) -> None:
     figures: dict[str, list[tuple[float, float]]] = {"live": [], "dead": []}
     flush_ok: dict[str, list[str]] = {"live": [], "dead": []}
     with OtlpReceiver() as rx, jobs_in(tmp_path) as jobs:
-        for run in range(RUNS):
+        for _ in range(RUNS):
             for kind in ("live", "dead"):
                 endpoint = rx.grpc_endpoint if kind == "live" else closed_endpoint()
                 job = jobs.run(cmd, job_env(endpoint), timeout=120)
@@ -81,11 +81,17 @@ def test_collector_unreachable_for_the_whole_job(tmp_path: Path) -> None:
             ("wall time, live receiver", f"{wall['live']:.2f} s  (runs: {[round(w, 2) for w, _ in figures['live']]})"),
             ("wall time, closed port", f"{wall['dead']:.2f} s  (runs: {[round(w, 2) for w, _ in figures['dead']]})"),
             ("wall-time difference of the medians", f"{wall['dead'] - wall['live']:+.2f} s"),
-            ("end of work -> end of job, live", f"{phase['live']:.2f} s  (runs: {[round(p, 2) for _, p in figures['live']]})"),
-            ("end of work -> end of job, closed port", f"{phase['dead']:.2f} s  (runs: {[round(p, 2) for _, p in figures['dead']]})"),
+            (
+                "end of work -> end of job, live",
+                f"{phase['live']:.2f} s  (runs: {[round(p, 2) for _, p in figures['live']]})",
+            ),
+            (
+                "end of work -> end of job, closed port",
+                f"{phase['dead']:.2f} s  (runs: {[round(p, 2) for _, p in figures['dead']]})",
+            ),
             ("exit delay caused by the dead collector", f"{delay:+.2f} s (bound {EXIT_DELAY_BOUND} s)"),
         ],
-    )  # fmt: skip
+    )
     assert delay <= EXIT_DELAY_BOUND, (phase, figures)
     # The wall times include the start-up of three interpreters importing torch on a shared machine: too noisy for
     # a 1.5 s bound on the median of 3, but a flush waiting out the exporters' retries (5 s) shows here.
@@ -160,13 +166,17 @@ def test_receiver_restarted_mid_job(protocol: str) -> None:
             restarted_after = int(line.split()[1])
             rx.start()
             # telemetry resumes: records recorded after the restart arrive
-            assert rx.wait_for(lambda r: max(seqs(), default=-1) > restarted_after + 50, timeout=30), sorted(seqs())[-5:]
+            assert rx.wait_for(lambda r: max(seqs(), default=-1) > restarted_after + 50, timeout=30), sorted(seqs())[
+                -5:
+            ]
             child.read_until(lambda line: line.startswith("REL_STAGE recorded"), timeout=60)
             assert rx.wait_for(lambda r: max(seqs(), default=-1) == n - 1, timeout=15)
             done = child.finish(timeout=60)
         assert done.returncode == 0, done.stderr[-3000:]
         result = done.result
-        assert rx.wait_for(lambda r: latest_value(r, "rel.seq.count") == n, timeout=10), latest_value(rx, "rel.seq.count")
+        assert rx.wait_for(lambda r: latest_value(r, "rel.seq.count") == n, timeout=10), latest_value(
+            rx, "rel.seq.count"
+        )
         got = seqs()
         lost = sorted(set(range(n)) - got)
         counts = result["counts"]

@@ -1,8 +1,8 @@
 """Processes started by fork and by spawn (``multiprocessing``) after the bridge was used in the parent.
 
-The parent (``tests/support/workers/_rel_child.py fork MODE``) exports a counter (5) and an event, then -- with a counter increment
-(2) and an event still in the bridge's buffers -- starts a child that adds 1 and records its own event, and exits
-without flushing. At the receiver:
+The parent (``tests/support/workers/_rel_child.py fork MODE``) exports a counter (5) and an event, then -- with a
+counter increment (2) and an event still in the bridge's buffers -- starts a child that adds 1 and records its own
+event, and exits without flushing. At the receiver:
 
 - no deadlock: the child ends, within a bounded join;
 - no duplicated cumulative values: the child's counter series is the child's own (1), not the parent's 5 or 7
@@ -28,7 +28,9 @@ def test_children_export_their_own_telemetry_once(mode: str) -> None:
     with OtlpReceiver() as rx:
         # A generous exit bound: on a loaded machine a fresh child's first connection can take a while, and what
         # is under test here is what the child delivers, not how fast (tests/jobs/test_reliability_collector.py).
-        env = otlp_env(rx.grpc_endpoint, OTEL_METRIC_EXPORT_INTERVAL="600000", TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="10000")
+        env = otlp_env(
+            rx.grpc_endpoint, OTEL_METRIC_EXPORT_INTERVAL="600000", TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="10000"
+        )
         child = run_child("fork", env, mode, timeout=120)
         result = child.result
         parent, kid = result["pid"], result["child_pid"]

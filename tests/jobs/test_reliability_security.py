@@ -50,7 +50,9 @@ def test_exporter_headers_never_leak(collector: str) -> None:
         else:
             endpoint = rx.grpc_endpoint if collector == "grpc" else rx.http_endpoint
             protocol = "grpc" if collector == "grpc" else "http/protobuf"
-        env = otlp_env(endpoint, protocol, TORCHELASTIC_RUN_ID=RUN_ID, RANK="0", OTEL_EXPORTER_OTLP_TIMEOUT="2", **HEADERS)
+        env = otlp_env(
+            endpoint, protocol, TORCHELASTIC_RUN_ID=RUN_ID, RANK="0", OTEL_EXPORTER_OTLP_TIMEOUT="2", **HEADERS
+        )
         child = run_child("secrets", env, timeout=60)
         assert "DEBUG" in child.stderr  # DEBUG logging was on
         assert SECRET not in child.stdout and SECRET not in child.stderr
@@ -115,8 +117,12 @@ def _listening(port: int) -> list[str]:
 
 def test_prometheus_listens_on_loopback_by_default() -> None:
     port = free_port()
-    env = clean_env(OTEL_METRICS_EXPORTER="prometheus", OTEL_TRACES_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
-                    OTEL_EXPORTER_PROMETHEUS_PORT=str(port))  # fmt: skip  (OTEL_EXPORTER_PROMETHEUS_HOST unset)
+    env = clean_env(
+        OTEL_METRICS_EXPORTER="prometheus",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
+    )  # fmt: skip  (OTEL_EXPORTER_PROMETHEUS_HOST unset)
     with live_child("prometheus", env) as child:
         child.read_until(lambda line: line.startswith("REL_RESULT"), timeout=30)
         addresses = _listening(port)

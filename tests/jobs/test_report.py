@@ -250,8 +250,10 @@ def test_the_html_report_in_a_real_browser(demo: Demo, browser: Chromium, tmp_pa
     assert browser.evaluate(_RENDERED)["view"] == [start, end]
 
     # a click on the root-cause bar shows its details
-    center = browser.evaluate("(() => { const r = document.querySelector('rect.bar.worker.root-cause')"
-                              ".getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()")
+    center = browser.evaluate(
+        "(() => { const r = document.querySelector('rect.bar.worker.root-cause')"
+        ".getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+    )
     for kind in ("mousePressed", "mouseReleased"):
         browser.send("Input.dispatchMouseEvent", type=kind, x=center[0], y=center[1], button="left", clickCount=1)
     details = browser.evaluate("document.querySelector('.details').textContent")

@@ -1,10 +1,10 @@
 """The root cause of a failed attempt: which rank failed first, how and why, and which ranks were consequences.
 
 End to end: a real 2-worker torchrun job (CPU, gloo, 127.0.0.1) through ``torchelastic-otel run``, exporting to the
-in-process OTLP receiver; ``tests/support/workers/_root_cause_worker.py``: rank 1 prints, logs and raises ``ValueError`` while
-rank 0 waits for it inside a gloo ``all_reduce`` (rank 0 then fails in gloo, or its agent stops it). Run once with
-a plain script and once with torch's ``@record`` (which writes torch's error file too). The agent must report
-rank 1 -- never rank 0, whose failure is later by causality -- with its traceback, and rank 0 as a consequence.
+in-process OTLP receiver; ``tests/support/workers/_root_cause_worker.py``: rank 1 prints, logs and raises ``ValueError``
+while rank 0 waits for it inside a gloo ``all_reduce`` (rank 0 then fails in gloo, or its agent stops it). Run once with
+a plain script and once with torch's ``@record`` (which writes torch's error file too). The agent must report rank 1 --
+never rank 0, whose failure is later by causality -- with its traceback, and rank 0 as a consequence.
 
 Unit level: ``root_cause.find`` over torch's real ``ProcessFailure`` objects, reading real error files written by
 torch's ``ErrorHandler`` and the bridge's own failure files.
@@ -67,14 +67,19 @@ def failed_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
             rx.wait_for(lambda r: r.logs(ROOT_CAUSE) and r.spans("torchelastic.run")
                         and r.metric_points("torchelastic.root_cause.time"), timeout=10, interval=0.1)  # fmt: skip
             outcomes[record] = {
-                "job": job, "logs": rx.logs(), "spans": rx.spans(), "points": rx.metric_points("torchelastic.root_cause.time"),
-            }  # fmt: skip
+                "job": job,
+                "logs": rx.logs(),
+                "spans": rx.spans(),
+                "points": rx.metric_points("torchelastic.root_cause.time"),
+            }
         return outcomes[record]
 
     def plain(record: bool) -> Job:
         """The same job under plain torchrun (no bridge, no receiver)."""
         if record not in plain_jobs:
-            env = {k: v for k, v in job_env(types.SimpleNamespace(grpc_endpoint="")).items() if not k.startswith("OTEL_")}
+            env = {
+                k: v for k, v in job_env(types.SimpleNamespace(grpc_endpoint="")).items() if not k.startswith("OTEL_")
+            }
             plain_jobs[record] = start("torch.distributed.run", record, env)
         return plain_jobs[record]
 
@@ -247,7 +252,12 @@ def test_failure_files_are_more_precise_than_torchs_seconds(tmp_path: Path, monk
 def test_a_signal_death_is_named(tmp_path: Path) -> None:
     cause = root_cause.find({5: _process_failure(1, 300, -signal.SIGSEGV, tmp_path / "none.json")}, [4], str(tmp_path))
     assert cause is not None
-    assert (cause.signal, cause.exit_code, cause.reason, cause.time_source) == ("SIGSEGV", None, "SIGSEGV", "exit_observed")
+    assert (cause.signal, cause.exit_code, cause.reason, cause.time_source) == (
+        "SIGSEGV",
+        None,
+        "SIGSEGV",
+        "exit_observed",
+    )
     attrs = root_cause.attributes(cause)
     assert attrs["torchelastic.root_cause.signal"] == "SIGSEGV" and "process.exit.code" not in attrs
     assert attrs["torchelastic.root_cause.consequences"] == [4]
@@ -287,7 +297,9 @@ def _worker(rank: int, local_rank: int, pid: int) -> Any:
     return worker
 
 
-def test_a_rank_still_exiting_after_it_raised_is_the_root_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rank_still_exiting_after_it_raised_is_the_root_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rank 1 raised (its failure file is written) and is still flushing and tearing down when rank 0, which lost
     it in a collective, has already exited: the agent sees rank 0 failed and rank 1 running; rank 1 is the cause."""
     _write_own_failure(tmp_path, 501, ValueError("corrupt batch 7"), monkeypatch)
@@ -303,14 +315,18 @@ def test_a_rank_still_exiting_after_it_raised_is_the_root_cause(tmp_path: Path, 
 
 
 @pytest.mark.parametrize("lost", ["DistBackendError", "RuntimeError"])
-def test_a_lost_peer_gives_way_to_the_failure_it_lost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lost: str) -> None:
+def test_a_lost_peer_gives_way_to_the_failure_it_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lost: str
+) -> None:
     """A script that destroys its process group on the way out closes its connections before its excepthook runs: the
     peer blocked in ``all_reduce`` raises gloo's error (torch's ``DistBackendError``; plain ``RuntimeError`` before
     torch 2.2) and writes its time first. The rank whose own failure came within the window is the cause."""
     import torch.distributed as dist
 
     error = dist.DistBackendError if lost == "DistBackendError" else RuntimeError
-    _write_own_failure(tmp_path, 600, error("[gloo/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"), monkeypatch)
+    _write_own_failure(
+        tmp_path, 600, error("[gloo/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"), monkeypatch
+    )
     time.sleep(0.002)
     _write_own_failure(tmp_path, 601, ValueError("corrupt batch 7"), monkeypatch)
     failures = {r: _process_failure(r, 600 + r, 1, tmp_path / "none.json") for r in (0, 1)}

@@ -1,8 +1,8 @@
 """SIGTERM reaches the bridge while the main thread is blocked in native code (``torchelastic_otel._process.signals``).
 
-The child (tests/support/workers/_signal_child.py) is a worker under the bridge that blocks in a C call no signal interrupts
-(a second ``pthread_mutex_lock``, through ctypes, GIL released): to CPython that is what a rank inside a gloo/NCCL
-collective looks like. Real collectives under torchrun are in tests/jobs/test_worker_sigterm.py.
+The child (tests/support/workers/_signal_child.py) is a worker under the bridge that blocks in a C call no signal
+interrupts (a second ``pthread_mutex_lock``, through ctypes, GIL released): to CPython that is what a rank inside a
+gloo/NCCL collective looks like. Real collectives under torchrun are in tests/jobs/test_worker_sigterm.py.
 """
 
 from __future__ import annotations
@@ -30,8 +30,15 @@ class Child:
     def __init__(self, *args: str, **env: str) -> None:
         environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
         environ.update(env)
-        self.proc = subprocess.Popen([sys.executable, str(CHILD), *args], cwd=ROOT, env=environ, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CHILD), *args],
+            cwd=ROOT,
+            env=environ,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -114,9 +121,11 @@ def test_sigterm_ends_a_worker_blocked_in_native_code_with_its_stack(child: Any)
     (terminated,) = c.records("torchelastic.worker.terminated")
     assert terminated["torchelastic.signal"] == "SIGTERM" and terminated["torchelastic.state"] == "TERMINATED"
     stack = terminated["torchelastic.stack"]
-    assert stack.startswith('Thread ') and '"MainThread"' in stack.splitlines()[0]
+    assert stack.startswith("Thread ") and '"MainThread"' in stack.splitlines()[0]
     main_stack = stack.split("\nThread ")[0]
-    assert main_stack.rstrip().endswith("libc.pthread_mutex_lock(mutex)  # BLOCKED-HERE: never returns, no signal interrupts it")
+    assert main_stack.rstrip().endswith(
+        "libc.pthread_mutex_lock(mutex)  # BLOCKED-HERE: never returns, no signal interrupts it"
+    )
     assert terminated["code.file.path"] == str(CHILD)
     assert terminated["code.line.number"] == _blocked_line()
     assert terminated["code.function.name"] == "block_natively"
@@ -150,7 +159,7 @@ def test_a_handler_installed_before_the_bridge_is_chained(child: Any) -> None:
     assert c.exit_code() == 7
     assert "USER_HANDLER" in c.lines
     assert len(c.records("torchelastic.worker.terminated")) == 1
-    assert c.lines.index("USER_HANDLER") > max(i for i, l in enumerate(c.lines) if "worker.terminated" in l)
+    assert c.lines.index("USER_HANDLER") > max(i for i, line in enumerate(c.lines) if "worker.terminated" in line)
 
 
 def test_a_chained_handler_in_a_natively_blocked_worker_keeps_the_process_alive(child: Any) -> None:

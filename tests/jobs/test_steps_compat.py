@@ -77,7 +77,8 @@ def test_the_flight_recorder_dump_holds_what_the_bridge_reads() -> None:
     (row,) = out["status"]["pg_status"].values()
     assert {"last_enqueued_collective", "last_started_collective", "last_completed_collective"} <= set(row)
     assert {"collective_seq_id", "profiling_name", "process_group", "time_created_ns", "is_p2p"} <= set(
-        out["entry_keys"])
+        out["entry_keys"]
+    )
     entry = out["last_entry"]
     assert entry["profiling_name"] == "gloo:all_reduce" and list(entry["process_group"]) == ["0", "default_pg"]
     assert before < int(entry["time_created_ns"]) <= time.time_ns()  # the wall clock, as the step marks

@@ -7,8 +7,9 @@ Every route a user has to bridge a job is run for real and checked at the receiv
 - ``examples/my_launcher.py`` (a custom launcher calling ``torchelastic_otel.install()``);
 - a worker failing once (restart), a worker failing always, and two agents ("two nodes") joining one rendezvous.
 
-The worker is ``tests/support/workers/torchrun_worker.py``. Each job is bounded by a timeout and killed (with the workers it
-started) if it outlives it. A quick in-process test checks that ``install()`` / ``uninstall()`` are symmetric.
+The worker is ``tests/support/workers/torchrun_worker.py``. Each job is bounded by a timeout and killed (with the
+workers it started) if it outlives it. A quick in-process test checks that ``install()`` / ``uninstall()`` are
+symmetric.
 """
 
 from __future__ import annotations
@@ -115,7 +116,9 @@ def derived_ids(run_id: str) -> tuple[str, str]:
     return f"{span_context.trace_id:032x}", f"{span_context.span_id:016x}"
 
 
-def wait_or_fail(rx: OtlpReceiver, what: str, predicate: Callable[[OtlpReceiver], bool], job: Job | None = None) -> None:
+def wait_or_fail(
+    rx: OtlpReceiver, what: str, predicate: Callable[[OtlpReceiver], bool], job: Job | None = None
+) -> None:
     if not rx.wait_for(predicate, timeout=WAIT, interval=0.2):
         summary = {
             "logs": collections.Counter(r["event_name"] for r in rx.logs()),
@@ -141,7 +144,9 @@ def worker_steps_done(rx: OtlpReceiver, ranks: set[int], restart_count: int = 0)
         )
 
     spans, steps = rx.spans("worker.step"), rx.logs("trainer.step")
-    calls = [p for p in rx.metric_points("torchelastic.function.calls") if p["attributes"].get("metric_group") == "trainer"]
+    calls = [
+        p for p in rx.metric_points("torchelastic.function.calls") if p["attributes"].get("metric_group") == "trainer"
+    ]
     calls = [p for p in calls if p["value"] == STEPS]
     return all(done(spans, r, STEPS) and done(steps, r, STEPS) and done(calls, r, 1) for r in ranks)
 
@@ -227,16 +232,26 @@ def wait_for_job_telemetry(rx: OtlpReceiver, job: Job, ranks: set[int], n_runs: 
     wait_or_fail(
         rx,
         "the agents' SUCCEEDED events",
-        lambda r: len([x for x in agent_items(r.logs("torchelastic.worker.status.SUCCEEDED"))
-                       if x["attributes"].get("torchelastic.source") == "AGENT"]) >= n_runs,
+        lambda r: (
+            len(
+                [
+                    x
+                    for x in agent_items(r.logs("torchelastic.worker.status.SUCCEEDED"))
+                    if x["attributes"].get("torchelastic.source") == "AGENT"
+                ]
+            )
+            >= n_runs
+        ),
         job,
     )
     wait_or_fail(rx, f"the workers' telemetry (ranks {sorted(ranks)})", lambda r: worker_steps_done(r, ranks), job)
     wait_or_fail(
         rx,
         "the agents' platform metrics",
-        lambda r: len(points(r, "torchelastic.workers.runs")) >= 1
-        and len(points(r, "torchelastic.function.duration", function="SimpleElasticAgent._rendezvous")) >= 1,
+        lambda r: (
+            len(points(r, "torchelastic.workers.runs")) >= 1
+            and len(points(r, "torchelastic.function.duration", function="SimpleElasticAgent._rendezvous")) >= 1
+        ),
         job,
     )
 
@@ -268,7 +283,8 @@ def assert_agent_events(rx: OtlpReceiver, run_id: str | None, role: str, nproc: 
     assert all(r["attributes"]["torchelastic.duration_ms"] > 0 for r in rendezvous)
 
     succeeded = [
-        r for r in agent_items(rx.logs("torchelastic.worker.status.SUCCEEDED"))
+        r
+        for r in agent_items(rx.logs("torchelastic.worker.status.SUCCEEDED"))
         if r["attributes"]["torchelastic.source"] == "AGENT"
     ]
     assert succeeded, "no SUCCEEDED event of the agent"
@@ -325,12 +341,16 @@ def assert_worker_telemetry(rx: OtlpReceiver, run_id: str | None, nproc: int, wo
         loss = [p for p in rx.metric_points("worker.loss") if p["resource"]["torchelastic.rank"] == rank]
         assert loss and all(p["type"] == "gauge" and p["attributes"] == {"metric_group": "trainer"} for p in loss)
         calls = [
-            p for p in points(rx, "torchelastic.function.calls", metric_group="trainer", outcome="success")
+            p
+            for p in points(rx, "torchelastic.function.calls", metric_group="trainer", outcome="success")
             if p["resource"]["torchelastic.rank"] == rank
         ]
-        assert calls and latest(calls)["value"] == STEPS and latest(calls)["attributes"]["function"].endswith("train_step")
+        assert (
+            calls and latest(calls)["value"] == STEPS and latest(calls)["attributes"]["function"].endswith("train_step")
+        )
         durations = [
-            p for p in points(rx, "torchelastic.function.duration", metric_group="trainer")
+            p
+            for p in points(rx, "torchelastic.function.duration", metric_group="trainer")
             if p["resource"]["torchelastic.rank"] == rank
         ]
         assert durations and durations[0]["type"] == "histogram" and durations[0]["unit"] == "s"
@@ -351,17 +371,19 @@ def assert_agent_metrics(rx: OtlpReceiver, role: str) -> None:
     functions = {p["attributes"]["function"] for p in agent_points if p["name"] == "torchelastic.function.duration"}
     assert {"SimpleElasticAgent._rendezvous", "LocalElasticAgent._start_workers", "SimpleElasticAgent.run"} <= functions
     rendezvous = [
-        p for p in agent_points
-        if p["name"] == "torchelastic.function.duration" and p["attributes"]["function"] == "SimpleElasticAgent._rendezvous"
+        p
+        for p in agent_points
+        if p["name"] == "torchelastic.function.duration"
+        and p["attributes"]["function"] == "SimpleElasticAgent._rendezvous"
     ]
     assert all(p["type"] == "histogram" and p["unit"] == "s" and p["count"] >= 1 for p in rendezvous)
     assert all(p["attributes"]["metric_group"] == "torchelastic" for p in rendezvous)
     assert 0 < latest(rendezvous)["sum"] < 60  # seconds, not milliseconds
     remaining = [p for p in agent_points if p["name"] == "torchelastic.workers.remaining_restarts"]
-    assert all(p["type"] == "gauge" and p["attributes"] == {"metric_group": "torchelastic", "role": role} for p in remaining)
-    states = {
-        p["attributes"]["state"] for p in agent_points if p["name"] == "torchelastic.workers.state.observations"
-    }
+    assert all(
+        p["type"] == "gauge" and p["attributes"] == {"metric_group": "torchelastic", "role": role} for p in remaining
+    )
+    states = {p["attributes"]["state"] for p in agent_points if p["name"] == "torchelastic.workers.state.observations"}
     assert "succeeded" in states, states
     runs = [p for p in agent_points if p["name"] == "torchelastic.workers.runs"]
     assert all(p["type"] == "sum" and p["is_monotonic"] for p in runs)
@@ -439,7 +461,8 @@ def test_torchelastic_otel_run_route(jobs: Callable[..., Job]) -> None:
 
 
 def test_python_m_run_route_standalone(jobs: Callable[..., Job]) -> None:
-    """``python -m torchelastic_otel.run --standalone``: torch makes up the run id; the trace is still derived from it."""
+    """``python -m torchelastic_otel.run --standalone``: torch makes up the run id; the trace is still derived from
+    it."""
     with OtlpReceiver() as rx:
         cmd = [sys.executable, "-m", "torchelastic_otel.run", "--standalone", "--nproc-per-node", "1",
                "--monitor-interval", "0.1", WORKER, "--steps", str(STEPS)]  # fmt: skip
@@ -453,7 +476,9 @@ def test_python_m_run_route_standalone(jobs: Callable[..., Job]) -> None:
         generated = run["attributes"]["torchelastic.run_id"]
         assert generated not in ("", "none")
         uuid.UUID(generated)  # torch's --standalone run id
-        assert {r["attributes"]["torchelastic.run_id"] for r in agent_items(rx.logs("torchelastic.worker.status.START"))} == {generated}
+        assert {
+            r["attributes"]["torchelastic.run_id"] for r in agent_items(rx.logs("torchelastic.worker.status.START"))
+        } == {generated}
 
 
 def test_opentelemetry_instrument_route(jobs: Callable[..., Job]) -> None:
@@ -550,8 +575,10 @@ def test_worker_fails_once_and_the_group_restarts(jobs: Callable[..., Job]) -> N
             assert attempt["name"] == "torchelastic.attempt"
             assert attempt["attributes"]["torchelastic.restart_count"] == span["resource"]["torchelastic.restart_count"]
             assert attempt["start_time_unix_nano"] <= span["start_time_unix_nano"]
-        assert {(s["resource"]["torchelastic.rank"], s["resource"]["torchelastic.restart_count"])
-                for s in worker_items(rx.spans("torchelastic.worker.start"))} == {(0, 0), (1, 0), (0, 1), (1, 1)}  # fmt: skip
+        assert {
+            (s["resource"]["torchelastic.rank"], s["resource"]["torchelastic.restart_count"])
+            for s in worker_items(rx.spans("torchelastic.worker.start"))
+        } == {(0, 0), (1, 0), (0, 1), (1, 1)}
 
         restart_record = one(agent_items(rx.logs("torchelastic.restart")), "restart record")
         assert restart_record["severity_text"] == "WARN" and restart_record["severity_number"] == SEVERITY_WARN
@@ -732,7 +759,7 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+        return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
     return a is b or (isinstance(a, str) and a == b)
 
 

@@ -1,8 +1,8 @@
 """Every worker's stdout, stderr and logging as correlated log records: real torchrun jobs (CPU, gloo, 127.0.0.1).
 
-The worker is ``tests/support/workers/_output_worker.py``, a bridge-unaware script (``tests/support/output_jobs.py`` runs it). In the
-main job rank 0 writes its lines and blocks in gloo (a collective call rank 1 never joins) until the agent SIGTERMs
-it; rank 1 writes, logs and raises. Each layout runs under plain torchrun and under the bridge:
+The worker is ``tests/support/workers/_output_worker.py``, a bridge-unaware script (``tests/support/output_jobs.py``
+runs it). In the main job rank 0 writes its lines and blocks in gloo (a collective call rank 1 never joins) until the
+agent SIGTERMs it; rank 1 writes, logs and raises. Each layout runs under plain torchrun and under the bridge:
 
 - console: what each rank wrote -- through Python, fd 1 directly (as native code does), a child process,
   logging's last resort, a traceback -- arrives at the receiver, line by line, with the rank's resource and the
@@ -192,7 +192,11 @@ def test_logging_records_carry_the_trace_and_span_of_where_they_were_logged(runs
 
     trainer = {r["body"]: r for r in rx.logs() if r["scope"] == "output_worker.trainer"}
     assert sorted(trainer) == ["rank 1: loss is nan", "rank 1: skipping a batch", "rank 1: step 7 done"]
-    info, warning, error = trainer["rank 1: step 7 done"], trainer["rank 1: loss is nan"], trainer["rank 1: skipping a batch"]
+    info, warning, error = (
+        trainer["rank 1: step 7 done"],
+        trainer["rank 1: loss is nan"],
+        trainer["rank 1: skipping a batch"],
+    )
     assert (info["severity_number"], warning["severity_number"], error["severity_number"]) == (
         SEVERITY_INFO, SEVERITY_WARN, SEVERITY_ERROR,
     )  # fmt: skip
@@ -288,8 +292,12 @@ def test_a_worker_on_a_terminal_keeps_its_terminal(runs: Runs) -> None:
         jobs.normalize(plain.console, plain.masks()), jobs.normalize(bridged.console, bridged.masks())
     ) == ([], [])
     assert bridged.console.count("\r\n") == plain.console.count("\r\n")  # the terminal's own line endings
-    wait(rx, "the terminal lines", lambda r: "output_worker rank 0 stdout 1: done" in bodies(output_records(r), "stdout"),
-         bridged)  # fmt: skip
+    wait(
+        rx,
+        "the terminal lines",
+        lambda r: "output_worker rank 0 stdout 1: done" in bodies(output_records(r), "stdout"),
+        bridged,
+    )
     assert "output_worker rank 0 stderr 0: on a terminal" in bodies(output_records(rx), "stderr")
 
 

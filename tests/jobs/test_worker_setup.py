@@ -97,12 +97,15 @@ def worker_start(rx: OtlpReceiver) -> list[dict[str, Any]]:
 
 
 def test_the_pipeline_is_built_beside_the_script_and_a_span_started_at_once_is_exported() -> None:
-    code = FIRST_LINE + r"""
+    code = (
+        FIRST_LINE
+        + r"""
 with trace.get_tracer("app").start_as_current_span("app.first"):
     pass
 first_line["phase_after_first_span"] = pipeline.state.phase.value
 print(json.dumps(first_line))
 """
+    )
     with OtlpReceiver() as rx:
         got = run(code, worker_env(rx))  # a normal exit: the exit handler flushes
         assert got["installed"] is True and got["phase_after_first_span"] == "ready"
@@ -118,12 +121,15 @@ print(json.dumps(first_line))
 
 def test_the_first_event_is_exported_in_the_background() -> None:
     """The drainer moves the first event (0.5 s rounds) once the pipeline is built; the script never waits."""
-    code = FIRST_LINE + r"""
+    code = (
+        FIRST_LINE
+        + r"""
 from torch.distributed.elastic import events
 events.record(events.Event("trainer.started", events.EventSource.WORKER, metadata={"rank": 1}), destination="otel")
 """
+    )
     with OtlpReceiver() as rx:
-        arrived_both = lambda r: r.logs("trainer.started") and worker_start(r)
+        arrived_both = lambda r: r.logs("trainer.started") and worker_start(r)  # noqa: E731
         got, arrived = run_until_received(code, worker_env(rx), rx, arrived_both)
         assert got["installed"] is True
         assert arrived, (rx.requests, got)
@@ -142,7 +148,9 @@ def test_a_worker_that_records_nothing_is_set_up_at_once() -> None:
 def test_an_application_provider_set_at_start_up_is_the_global_one() -> None:
     """An application that sets its own tracer provider in its script (after the bridge built its own) can: no
     "Overriding ... is not allowed", its spans go to its provider; the bridge goes on exporting through its own."""
-    code = FIRST_LINE + r"""
+    code = (
+        FIRST_LINE
+        + r"""
 import logging, io
 warnings = io.StringIO()
 logging.getLogger("opentelemetry").addHandler(logging.StreamHandler(warnings))
@@ -164,6 +172,7 @@ first_line["bridge_kept_its_own"] = torchelastic_otel.get_pipeline().tracer_prov
 first_line["warnings"] = warnings.getvalue()
 print(json.dumps(first_line))
 """
+    )
     with OtlpReceiver() as rx:
         got = run(code, worker_env(rx))
         assert got["app_spans"] == ["app.own"] and got["global_is_app"] and got["bridge_kept_its_own"], got
@@ -178,13 +187,16 @@ def test_with_a_prometheus_exporter_the_pipeline_is_ready_at_the_first_line() ->
         sock.bind(("127.0.0.1", 0))
         base = sock.getsockname()[1]
     port = base + 1 + 1  # the worker's port: base + 1 + LOCAL_RANK
-    code = FIRST_LINE + rf"""
+    code = (
+        FIRST_LINE
+        + rf"""
 import urllib.request
 first_line["status"] = urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=10).status
 print(json.dumps(first_line))
 import os
 os._exit(0)
 """
+    )
     env = worker_env(None, OTEL_METRICS_EXPORTER="prometheus", OTEL_TRACES_EXPORTER="none",
                      OTEL_LOGS_EXPORTER="none", OTEL_EXPORTER_PROMETHEUS_PORT=str(base))  # fmt: skip
     got = run(code, env)

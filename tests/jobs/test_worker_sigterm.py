@@ -86,7 +86,10 @@ MODES = {
         "init", 2, 1, True, {0: "init"}, {0: "init_process_group"}, {0: r", in init_process_group$"}, "_mode_init"
     ),
     "allreduce": Mode(
-        "allreduce", 4, 0, False,
+        "allreduce",
+        4,
+        0,
+        False,
         {0: "all_reduce", 2: "store_wait", 3: "sleep"},
         {0: "all_reduce", 2: "store_wait", 3: "sleep"},
         {0: r", in all_reduce$", 2: r"^\s+local\.wait\(", 3: r"^\s+time\.sleep\(120\)"},
@@ -229,6 +232,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
 
 
 # ---- reading the agent's output and the received records ---------------------------------------------------
+
 
 def worker_pids(output: str) -> dict[tuple[int, int], int]:
     """(rank, restart) -> pid, from the worker's ``pid N started`` lines."""

@@ -1,12 +1,12 @@
 """The README's one query for a job's first failure, run by a real Prometheus over two real agents ("nodes").
 
 Each agent reports the first failure among its own workers; only a query over all agents finds the job's first.
-Two ``torchelastic-otel run`` agents (through ``tests/support/workers/_stack_launcher.py``, which keeps an agent's Prometheus endpoint
-up after its run so its final values are scraped) join one c10d rendezvous on 127.0.0.1 (its store hosted by the
-test, as a dedicated store host would be, so the agents' exits do not take it down), 2 workers each
-(``tests/support/workers/_root_cause_worker.py --fail-rank 3``): global rank 3, on the second agent, raises while ranks 0-2 wait for
-it in a gloo ``all_reduce``; gloo then fails ranks 0 and 1 on the first agent (and rank 2 on the second), later by
-causality. Debian's ``prometheus`` scrapes both agents every second. The README's query must name rank 3.
+Two ``torchelastic-otel run`` agents (through ``tests/support/workers/_stack_launcher.py``, which keeps an agent's
+Prometheus endpoint up after its run so its final values are scraped) join one c10d rendezvous on 127.0.0.1 (its store
+hosted by the test, as a dedicated store host would be, so the agents' exits do not take it down), 2 workers each
+(``tests/support/workers/_root_cause_worker.py --fail-rank 3``): global rank 3, on the second agent, raises while ranks
+0-2 wait for it in a gloo ``all_reduce``; gloo then fails ranks 0 and 1 on the first agent (and rank 2 on the second),
+later by causality. Debian's ``prometheus`` scrapes both agents every second. The README's query must name rank 3.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.support.waiting import wait_for
 
 pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
 yaml = pytest.importorskip("yaml")
-from torch.distributed import TCPStore
+from torch.distributed import TCPStore  # noqa: E402
 
 WORKER = WORKERS / "_root_cause_worker.py"
 README = ROOT / "README.md"

@@ -6,12 +6,12 @@ One job (module fixture) is run and watched phase by phase:
   ``collector-config/prometheus.yml`` (its direct-pull job ``torchelastic``, targets rewritten to this job's ports:
   the agent on the base port, the worker of local rank k on base + 1 + k, scraped every second) and the committed
   alert rules ``collector-config/alerts/torchelastic.rules.yml``, evaluated every second;
-- the job: ``torchelastic-otel run`` (through ``tests/support/workers/_stack_launcher.py``, which keeps the agent's process -- and
-  its endpoint -- up after the run so its final values can be scraped), ``--nproc-per-node 2 --max-restarts 1
-  --nnodes 1:2 --rdzv-conf last_call_timeout=6`` (each rendezvous round really waits 6 s for a second node: a
-  slow rendezvous), workers ``tests/support/workers/_stack_worker.py`` with rank 1 failing in every attempt, so the job restarts
-  once, exhausts its restarts and fails (flakiness 100). The workers wait for the test's go-ahead after their
-  steps, so every attempt is scraped.
+- the job: ``torchelastic-otel run`` (through ``tests/support/workers/_stack_launcher.py``, which keeps the agent's
+  process -- and its endpoint -- up after the run so its final values can be scraped), ``--nproc-per-node 2
+  --max-restarts 1 --nnodes 1:2 --rdzv-conf last_call_timeout=6`` (each rendezvous round really waits 6 s for a second
+  node: a slow rendezvous), workers ``tests/support/workers/_stack_worker.py`` with rank 1 failing in every attempt, so
+  the job restarts once, exhausts its restarts and fails (flakiness 100). The workers wait for the test's go-ahead after
+  their steps, so every attempt is scraped.
 
 At each phase (attempt 0 running, attempt 1 running, run ended) the test waits until Prometheus has stored what
 the job produced and the alerts firing in Prometheus are the expected ones, stable for 2 s. Then it checks the
@@ -59,8 +59,15 @@ EXPECTED_ALERTS = {
     "attempt1": {"TorchElasticRendezvousSlow", "TorchElasticRestartsHappening", "TorchElasticRestartsExhausted"},
     "final": ALL_ALERTS,
 }
-PROMETHEUS_SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_samples_post_metric_relabeling",
-                        "scrape_series_added", "ALERTS", "ALERTS_FOR_STATE"}
+PROMETHEUS_SYNTHETIC = {
+    "up",
+    "scrape_duration_seconds",
+    "scrape_samples_scraped",
+    "scrape_samples_post_metric_relabeling",
+    "scrape_series_added",
+    "ALERTS",
+    "ALERTS_FOR_STATE",
+}
 
 
 @dataclass
@@ -137,8 +144,9 @@ def _hold(prom: stack.Prometheus, name: str, ready: Any, expected: set[str], des
         elif now - since >= HOLD:
             return Phase(name, since + HOLD / 2, firing)
         time.sleep(0.2)
-    pytest.fail(f"phase {name}: not reached in {PHASE_TIMEOUT} s (firing, ready = {last}; expected {expected})\n"
-                f"{describe()}")
+    pytest.fail(
+        f"phase {name}: not reached in {PHASE_TIMEOUT} s (firing, ready = {last}; expected {expected})\n{describe()}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +182,13 @@ def failing_job(tmp_path_factory: pytest.TempPathFactory) -> Any:
         phases: dict[str, Phase] = {}
         for restart in (0, 1):
             files = [flags / f"ready-r{restart}-rank{rank}.json" for rank in (0, 1)]
-            wait_for(lambda: all(f.exists() for f in files), PHASE_TIMEOUT,
-                             f"both workers of attempt {restart} to finish their steps", on_timeout=describe, interval=0.2)
+            wait_for(
+                lambda files=files: all(f.exists() for f in files),
+                PHASE_TIMEOUT,
+                f"both workers of attempt {restart} to finish their steps",
+                on_timeout=describe,
+                interval=0.2,
+            )
             for rank, path in enumerate(files):
                 reports[(restart, rank)] = json.loads(path.read_text())
 
@@ -190,13 +203,22 @@ def failing_job(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
             name = f"attempt{restart}"
             phase = _hold(prom, name, ready, EXPECTED_ALERTS[name], describe)
-            for metric in ("loss", "samples_total", 'torchelastic_function_calls_total{function="__main__.train_step"}'):
+            for metric in (
+                "loss",
+                "samples_total",
+                'torchelastic_function_calls_total{function="__main__.train_step"}',
+            ):
                 phase.values[metric] = prom.query(_worker_query(metric, restart))
             phases[name] = phase
             (flags / f"go-r{restart}").touch()
 
-        wait_for(lambda: (flags / "agent-done").exists(), PHASE_TIMEOUT, "the agent's run to end",
-                         on_timeout=describe, interval=0.2)
+        wait_for(
+            lambda: (flags / "agent-done").exists(),
+            PHASE_TIMEOUT,
+            "the agent's run to end",
+            on_timeout=describe,
+            interval=0.2,
+        )
         phases["final"] = _hold(
             prom, "final",
             lambda: _value(prom, "torchelastic_workers_runs_total") == 1
@@ -212,7 +234,8 @@ def failing_job(tmp_path_factory: pytest.TempPathFactory) -> Any:
             "torchelastic_workers_state_observations_total",
             'torchelastic_function_calls_total{function="SimpleElasticAgent._rendezvous"}',
             'torchelastic_function_duration_seconds_count{function="SimpleElasticAgent._rendezvous"}',
-            'histogram_quantile(0.9, sum by (le) (torchelastic_function_duration_seconds_bucket{function="SimpleElasticAgent._rendezvous"}))',
+            "histogram_quantile(0.9, sum by (le) "
+            '(torchelastic_function_duration_seconds_bucket{function="SimpleElasticAgent._rendezvous"}))',
         ):
             phases["final"].values[expr] = prom.query(expr)
         for restart in (0, 1):  # the agent's values as they were during each attempt
@@ -220,7 +243,9 @@ def failing_job(tmp_path_factory: pytest.TempPathFactory) -> Any:
             phase.values["agent"] = [
                 *prom.query("torchelastic_workers_remaining_restarts", at=phase.at),
                 *prom.query("torchelastic_workers_restarts_total", at=phase.at),
-                *prom.query('torchelastic_function_calls_total{function="SimpleElasticAgent._rendezvous"}', at=phase.at),
+                *prom.query(
+                    'torchelastic_function_calls_total{function="SimpleElasticAgent._rendezvous"}', at=phase.at
+                ),
             ]
         end = time.time()
         (flags / "agent-exit").touch()
@@ -245,8 +270,11 @@ def test_worker_series_scraped_with_their_values_and_labels(failing_job: Failing
     """The workers' own put_metric values (loss gauge, samples_total counter) and @prof calls, per rank."""
     values = failing_job.phases[f"attempt{restart}"].values
     run_ids = set()
-    for metric, key in (("loss", "loss"), ("samples_total", "samples"), (
-            'torchelastic_function_calls_total{function="__main__.train_step"}', "steps")):
+    for metric, key in (
+        ("loss", "loss"),
+        ("samples_total", "samples"),
+        ('torchelastic_function_calls_total{function="__main__.train_step"}', "steps"),
+    ):
         by_rank = {int(r["metric"]["torchelastic_rank"]): r for r in values[metric]}
         assert set(by_rank) == {0, 1}, values[metric]
         for rank, result in by_rank.items():
@@ -293,13 +321,20 @@ def test_agent_final_values_scraped(failing_job: FailingJob) -> None:
     assert flakiness["value"] == 100 and flakiness["metric"]["role"] == "default"
     assert one("torchelastic_workers_runs_total")["value"] == 1
     outcomes = {r["metric"]["outcome"]: r["value"] for r in values["torchelastic_workers_run_outcomes_total"]}
-    assert outcomes == {"failed_with_retries": 1, "failed_no_retries": 0, "success_with_retries": 0,
-                        "success_no_retries": 0}
+    assert outcomes == {
+        "failed_with_retries": 1,
+        "failed_no_retries": 0,
+        "success_with_retries": 0,
+        "success_no_retries": 0,
+    }
     states = {r["metric"]["state"]: r["value"] for r in values["torchelastic_workers_state_observations_total"]}
     assert states["failed"] == 2 and states["healthy"] > 0, states  # one FAILED observation per attempt
     assert one('torchelastic_function_calls_total{function="SimpleElasticAgent._rendezvous"}')["value"] == 2
     assert one('torchelastic_function_duration_seconds_count{function="SimpleElasticAgent._rendezvous"}')["value"] == 2
-    p90 = one('histogram_quantile(0.9, sum by (le) (torchelastic_function_duration_seconds_bucket{function="SimpleElasticAgent._rendezvous"}))')
+    p90 = one(
+        "histogram_quantile(0.9, sum by (le) "
+        '(torchelastic_function_duration_seconds_bucket{function="SimpleElasticAgent._rendezvous"}))'
+    )
     assert p90["value"] > 5, p90  # two rounds of ~6 s (last_call_timeout): slow, as the alert says
 
 
@@ -358,8 +393,9 @@ def test_promtool_fires_every_alert_on_the_recorded_series(failing_job: FailingJ
     result = stack.run_tool([promtool, "test", "rules", str(test_file)])
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n(test file kept at {test_file})"
     assert "SUCCESS" in result.stdout
-    fired = {t["alertname"] for t in yaml.safe_load(test_file.read_text())["tests"][0]["alert_rule_test"]
-             if t["exp_alerts"]}
+    fired = {
+        t["alertname"] for t in yaml.safe_load(test_file.read_text())["tests"][0]["alert_rule_test"] if t["exp_alerts"]
+    }
     assert fired == ALL_ALERTS
     target = os.environ.get("STACK_WRITE_RULES_TEST")  # regenerate the committed example from this real run
     if target:
@@ -408,8 +444,13 @@ def _used_names() -> dict[str, set[str]]:
 def test_dashboard_and_rules_use_only_names_the_bridge_exported(failing_job: FailingJob) -> None:
     exported = failing_job.prom.names('{job="torchelastic"}') - PROMETHEUS_SYNTHETIC
     used = _used_names()
-    assert {"torchelastic_workers_restarts_total", "torchelastic_function_duration_seconds_bucket", "loss",
-            "samples_total", "target_info"} <= set(used), sorted(used)
+    assert {
+        "torchelastic_workers_restarts_total",
+        "torchelastic_function_duration_seconds_bucket",
+        "loss",
+        "samples_total",
+        "target_info",
+    } <= set(used), sorted(used)
     missing = {name: sorted(where) for name, where in used.items() if name not in exported}
     assert not missing, f"not exported by the bridge: {missing}\nexported: {sorted(exported)}"
 
@@ -431,7 +472,7 @@ def test_promql_name_extraction() -> None:
     names = stack.promql_metric_names(
         'histogram_quantile(0.9, sum by (le, job) (rate(a_bucket{function="x.y", le!="1"}[5m] offset 1h)))'
         ' > on (job) group_left (foo) b_total unless c offset 15m or vector(1) and d{__name__="e"} * 2e3'
-        ' + sum without (x) (f) / $__range + g[$__rate_interval]'
+        " + sum without (x) (f) / $__range + g[$__rate_interval]"
     )
     assert names == {"a_bucket", "b_total", "c", "d", "e", "f", "g"}
 
@@ -457,10 +498,22 @@ def test_a_scrape_after_flush_serves_each_series_once_with_its_current_value() -
     ``flush()`` must not collect the pull-only Prometheus reader: its collector would queue that snapshot and the
     next scrape would repeat every metric family with the stale value first (opentelemetry-python#2500)."""
     port = free_port()
-    env = stack.clean_env(OTEL_METRICS_EXPORTER="prometheus", OTEL_TRACES_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
-                          OTEL_EXPORTER_PROMETHEUS_HOST=stack.HOST, OTEL_EXPORTER_PROMETHEUS_PORT=str(port))
-    result = subprocess.run([sys.executable, "-c", _FLUSH_THEN_SCRAPE], env=env, capture_output=True, text=True,
-                            timeout=60, cwd=ROOT, stdin=subprocess.DEVNULL)
+    env = stack.clean_env(
+        OTEL_METRICS_EXPORTER="prometheus",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_EXPORTER_PROMETHEUS_HOST=stack.HOST,
+        OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", _FLUSH_THEN_SCRAPE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 0, result.stderr
     samples = [line for line in result.stdout.splitlines() if line.startswith("loss{")]
     assert len(samples) == 1 and samples[0].endswith(" 0.25"), samples

@@ -67,8 +67,11 @@ def test_promtool_test_rules_fails_when_an_alert_is_not_expected(tmp_path: Path)
     """Remove the expectation of one firing alert: promtool must report the alert it got and fail."""
     shutil.copy(stack.RULES, tmp_path / stack.RULES.name)
     document = yaml.safe_load(stack.RULES_TEST.read_text())
-    case = next(t for t in document["tests"][0]["alert_rule_test"]
-                if t["alertname"] == "TorchElasticWorkerGroupFailed" and t["exp_alerts"])
+    case = next(
+        t
+        for t in document["tests"][0]["alert_rule_test"]
+        if t["alertname"] == "TorchElasticWorkerGroupFailed" and t["exp_alerts"]
+    )
     case["exp_alerts"] = []
     broken = tmp_path / "broken.rules.test.yml"
     broken.write_text(yaml.safe_dump(document, sort_keys=False, width=1_000_000))

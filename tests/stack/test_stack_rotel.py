@@ -5,9 +5,9 @@ script): ``rotel-agent start --otlp-grpc-endpoint H:P --otlp-http-endpoint H:P -
 --otlp-exporter-endpoint http://H:P``. Here it listens on 127.0.0.1 (OTLP gRPC and HTTP) and forwards everything
 over OTLP/gRPC to :class:`OtlpReceiver`. What arrived there must be what the bridge sent, intact:
 
-- a real 2-worker torchrun job (``torchelastic-otel run``, worker ``tests/support/workers/_stack_worker.py``, rank 1 failing once,
-  one restart) exporting over OTLP/gRPC with only ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at rotel: the run's trace
-  (agent spans with their span events, the workers' spans in the same trace), the log records with their
+- a real 2-worker torchrun job (``torchelastic-otel run``, worker ``tests/support/workers/_stack_worker.py``, rank 1
+  failing once, one restart) exporting over OTLP/gRPC with only ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at rotel: the
+  run's trace (agent spans with their span events, the workers' spans in the same trace), the log records with their
   attributes, the metric points with the values the workers reported, and the resource attributes;
 - a bridged program (``tests/support/workers/_e2e_child.py``) exporting over OTLP/HTTP to rotel's HTTP receiver.
 
@@ -234,7 +234,9 @@ def test_logs_pass_rotel_intact(job_through_rotel: JobResult, receiver: OtlpRece
     (restart,) = receiver.logs("torchelastic.restart")
     assert restart["severity_number"] == SEVERITY_WARN
     exceptions = receiver.logs("torchelastic.worker.exception")
-    assert [(e["resource"]["torchelastic.rank"], e["resource"]["torchelastic.restart_count"]) for e in exceptions] == [(1, 0)]
+    assert [(e["resource"]["torchelastic.rank"], e["resource"]["torchelastic.restart_count"]) for e in exceptions] == [
+        (1, 0)
+    ]
     assert exceptions[0]["severity_number"] == SEVERITY_ERROR
     assert exceptions[0]["attributes"]["exception.type"] == "RuntimeError"
     assert "stack worker rank 1 failed" in exceptions[0]["attributes"]["exception.message"]
@@ -244,8 +246,11 @@ def test_metrics_pass_rotel_intact(job_through_rotel: JobResult, receiver: OtlpR
     for (restart, rank), report in job_through_rotel.reports.items():
         loss = _last_point(receiver, "loss", restart, rank)
         samples = _last_point(receiver, "samples_total", restart, rank)
-        calls = [p for p in _worker_points(receiver, "torchelastic.function.calls", restart, rank)
-                 if p["attributes"].get("function") == "__main__.train_step"]
+        calls = [
+            p
+            for p in _worker_points(receiver, "torchelastic.function.calls", restart, rank)
+            if p["attributes"].get("function") == "__main__.train_step"
+        ]
         assert loss is not None and loss["value"] == pytest.approx(report["loss"], rel=1e-12), loss
         assert loss["attributes"] == {"metric_group": "trainer"} and loss["type"] == "gauge"
         assert samples is not None and samples["value"] == BATCH * STEPS and samples["type"] == "sum"
@@ -254,10 +259,16 @@ def test_metrics_pass_rotel_intact(job_through_rotel: JobResult, receiver: OtlpR
     agent = [p for p in receiver.metric_points() if "torchelastic.rank" not in p["resource"]]
     restarts = [p for p in agent if p["name"] == "torchelastic.workers.restarts"]
     assert restarts and max(p["value"] for p in restarts) == 1 and restarts[0]["attributes"]["role"] == "default"
-    outcomes = {p["attributes"]["outcome"]: p["value"] for p in agent if p["name"] == "torchelastic.workers.run_outcomes"}
+    outcomes = {
+        p["attributes"]["outcome"]: p["value"] for p in agent if p["name"] == "torchelastic.workers.run_outcomes"
+    }
     assert outcomes["success_with_retries"] == 1 and outcomes["failed_with_retries"] == 0
-    durations = [p for p in agent if p["name"] == "torchelastic.function.duration"
-                 and p["attributes"]["function"] == "SimpleElasticAgent._rendezvous"]
+    durations = [
+        p
+        for p in agent
+        if p["name"] == "torchelastic.function.duration"
+        and p["attributes"]["function"] == "SimpleElasticAgent._rendezvous"
+    ]
     assert durations and durations[-1]["type"] == "histogram" and durations[-1]["unit"] == "s"
     assert max(p["count"] for p in durations) == 2
 
@@ -269,7 +280,9 @@ def test_resources_pass_rotel_intact(job_through_rotel: JobResult, receiver: Otl
     for item in items:
         assert item["resource"]["service.name"] == "torchelastic"
     workers = [i["resource"] for i in items if "torchelastic.rank" in i["resource"]]
-    assert {(r["torchelastic.restart_count"], r["torchelastic.rank"]) for r in workers} == set(job_through_rotel.reports)
+    assert {(r["torchelastic.restart_count"], r["torchelastic.rank"]) for r in workers} == set(
+        job_through_rotel.reports
+    )
     for resource in workers:
         assert resource["torchelastic.run_id"] == run_id
         assert resource["torchelastic.process.kind"] == "worker"
@@ -293,13 +306,23 @@ def test_agent_resource_names_its_run(job_through_rotel: JobResult, receiver: Ot
 
 def test_bridged_program_over_http_through_rotel(rotel: Rotel, receiver: OtlpReceiver, tmp_path: Path) -> None:
     receiver.clear()
-    env = stack.clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=rotel.http_endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-                          OTEL_RESOURCE_ATTRIBUTES="deployment.environment=stack-test")
-    proc = subprocess.run([sys.executable, str(WORKERS / "_e2e_child.py"), "default"], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    env = stack.clean_env(
+        OTEL_EXPORTER_OTLP_ENDPOINT=rotel.http_endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+        OTEL_RESOURCE_ATTRIBUTES="deployment.environment=stack-test",
+    )
+    proc = subprocess.run(
+        [sys.executable, str(WORKERS / "_e2e_child.py"), "default"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr
     line = next(li for li in proc.stdout.splitlines() if li.startswith("E2E_RESULT "))
-    result = json.loads(line[len("E2E_RESULT "):])
+    result = json.loads(line[len("E2E_RESULT ") :])
 
     def arrived(rx: OtlpReceiver) -> bool:
         names = {p["name"] for p in rx.metric_points()}

@@ -1,12 +1,12 @@
 """A hang, seen before the timeout: a real 4-rank job (gloo, CPU) in which rank 1 never comes to an ``all_reduce``.
 
-The job (``tests/support/workers/_missing_rank_worker.py``, bridge-unaware): 5 DDP steps, then rank 1 stays in Python (sleeping)
-while ranks 0, 2 and 3 wait for it inside ``dist.all_reduce`` (gloo's C++); the collective timeout is far away
-(300 s). When the test has seen what it needs, it lets rank 1 go on: it raises, and the job fails. Under
-``torchelastic-otel run`` with ``TORCHELASTIC_OTEL_STALL_SECONDS=3``, each worker exporting OTLP/gRPC to the
-in-process receiver, serving its Prometheus endpoint (scraped every second by Debian's ``prometheus`` with the
-committed training rules, their clock sped up 20x) and writing OTLP JSON Lines files. The same job runs under plain
-torchrun beside it, released at the same moment.
+The job (``tests/support/workers/_missing_rank_worker.py``, bridge-unaware): 5 DDP steps, then rank 1 stays in Python
+(sleeping) while ranks 0, 2 and 3 wait for it inside ``dist.all_reduce`` (gloo's C++); the collective timeout is far
+away (300 s). When the test has seen what it needs, it lets rank 1 go on: it raises, and the job fails. Under
+``torchelastic-otel run`` with ``TORCHELASTIC_OTEL_STALL_SECONDS=3``, each worker exporting OTLP/gRPC to the in-process
+receiver, serving its Prometheus endpoint (scraped every second by Debian's ``prometheus`` with the committed training
+rules, their clock sped up 20x) and writing OTLP JSON Lines files. The same job runs under plain torchrun beside it,
+released at the same moment.
 
 - within the stall threshold, ``torchelastic.worker.stalled`` records (WARN) from ranks 0, 2 and 3 with their main
   thread's stack in ``all_reduce`` and ``code.*`` at the script's ``all_reduce`` line, the pending collective in
@@ -74,10 +74,25 @@ class Outcome:
     def stall_digest(self, rank: int) -> list[tuple[Any, ...]]:
         """For failure messages: each stalled record of ``rank`` as (time, steps, count, since, seconds, last
         enqueued, last completed, pending, code line)."""
-        return [(r["time_unix_nano"], *(r["attributes"].get(k) for k in (
-            "torchelastic.stalled.steps", "torchelastic.stalled.count", "torchelastic.stalled.since_unix_nano",
-            "torchelastic.stalled.seconds", GROUP + "last_enqueued", GROUP + "last_completed", GROUP + "pending",
-            "code.line.number"))) for r in sorted(self.records(STALLED, rank), key=lambda r: r["time_unix_nano"])]
+        return [
+            (
+                r["time_unix_nano"],
+                *(
+                    r["attributes"].get(k)
+                    for k in (
+                        "torchelastic.stalled.steps",
+                        "torchelastic.stalled.count",
+                        "torchelastic.stalled.since_unix_nano",
+                        "torchelastic.stalled.seconds",
+                        GROUP + "last_enqueued",
+                        GROUP + "last_completed",
+                        GROUP + "pending",
+                        "code.line.number",
+                    )
+                ),
+            )
+            for r in sorted(self.records(STALLED, rank), key=lambda r: r["time_unix_nano"])
+        ]
 
     def hang_stalls(self, rank: int) -> list[dict[str, Any]]:
         """Rank's stalled records of the hang (after its 5 steps; not those of a slow start-up)."""
@@ -131,7 +146,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
                                   == "TorchElasticRankMissingFromCollective"], 30, "the missing-rank alert",
                          on_timeout=describe, interval=0.2)  # fmt: skip
         alerts = [a for a in prom.firing() if a["labels"]["alertname"] == "TorchElasticRankMissingFromCollective"]
-        (panel, table_query), = [(p, q) for p, q in training_jobs.dashboard_queries() if "missing from" in p]
+        ((panel, table_query),) = [(p, q) for p, q in training_jobs.dashboard_queries() if "missing from" in p]
         table = prom.query(table_query)
 
         def waiting_ranks_stalled() -> bool:
@@ -222,7 +237,7 @@ def test_the_stall_repeats_with_back_off(outcome: Outcome) -> None:
         records = sorted(outcome.hang_stalls(rank), key=lambda r: int(r["attributes"]["torchelastic.stalled.count"]))
         counts = [int(r["attributes"]["torchelastic.stalled.count"]) for r in records]
         assert counts[:4] == [1, 2, 3, 4], outcome.stall_digest(rank)
-        for count, record in zip(counts, records):
+        for count, record in zip(counts, records, strict=True):
             due = STALL * 2 ** (count - 1)
             seconds = float(record["attributes"]["torchelastic.stalled.seconds"])
             assert due <= seconds < 2 * due, (count, outcome.stall_digest(rank))
@@ -269,7 +284,11 @@ def test_report_json_names_the_missing_rank_and_the_stalls(reported: tuple[dict[
     assert run["root_cause"]["exception_type"] == "RuntimeError"
     (missing,) = run["missing_ranks"]
     assert (missing["process_group"], missing["collective"], missing["ranks"], missing["waiting"]) == (
-        "default_pg", "gloo:all_reduce", [MISSING], list(WAITING))
+        "default_pg",
+        "gloo:all_reduce",
+        [MISSING],
+        list(WAITING),
+    )
     assert missing["text"] == f"rank 1 is missing from collective #{missing['seq']}, gloo:all_reduce, default_pg"
     line = training_jobs.marker_line(WORKER, "all_reduce")
     for rank in WAITING:

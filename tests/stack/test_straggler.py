@@ -1,12 +1,12 @@
 """A straggler, named: a real 4-rank DDP job (gloo, CPU) on two agents, rank 2's forward half a step slower.
 
-The job (``tests/support/workers/_straggler_worker.py``, bridge-unaware) runs as two ``torchelastic-otel run`` agents ("nodes", 2
-ranks each) joining one c10d rendezvous whose store the test hosts; rank 2 is on the second agent. Its forward
-sleeps 0.1 s longer than the others' 0.2 s. Every worker serves its own Prometheus endpoint, exports OTLP/gRPC to
-the in-process receiver and writes OTLP JSON Lines files (``TORCHELASTIC_OTEL_FILE_DIR``). Debian's ``prometheus``
-scrapes them every second and evaluates the committed ``torchelastic-training.rules.yml`` with its clock sped up
-20x (every second instead of every 20 s, ``for: 2s`` instead of ``40s``: the same three evaluations). The same job
-runs under plain torchrun beside it (its own rendezvous), and both stop when the test says so.
+The job (``tests/support/workers/_straggler_worker.py``, bridge-unaware) runs as two ``torchelastic-otel run`` agents
+("nodes", 2 ranks each) joining one c10d rendezvous whose store the test hosts; rank 2 is on the second agent. Its
+forward sleeps 0.1 s longer than the others' 0.2 s. Every worker serves its own Prometheus endpoint, exports OTLP/gRPC
+to the in-process receiver and writes OTLP JSON Lines files (``TORCHELASTIC_OTEL_FILE_DIR``). Debian's ``prometheus``
+scrapes them every second and evaluates the committed ``torchelastic-training.rules.yml`` with its clock sped up 20x
+(every second instead of every 20 s, ``for: 2s`` instead of ``40s``: the same three evaluations). The same job runs
+under plain torchrun beside it (its own rendezvous), and both stop when the test says so.
 
 The trap the tests guard against: every rank's step takes the same time (the fast ranks wait in the gradient
 all-reduce for rank 2), so step time cannot name it; arrival at the step's last collective can.
@@ -104,8 +104,9 @@ def _wait_for_alert(prom: stack.Prometheus, describe: Any) -> list[dict[str, Any
         else:
             since = None
         time.sleep(0.25)
-    pytest.fail(f"{ALERT} did not fire for rank {SLOW_RANK} alone within {TIMEOUT} s (firing for ranks {last})\n"
-                f"{describe()}")
+    pytest.fail(
+        f"{ALERT} did not fire for rank {SLOW_RANK} alone within {TIMEOUT} s (firing for ranks {last})\n{describe()}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +138,10 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
             return prom.describe() + "".join(f"\nagent {i}:\n{p.output(3000)}" for i, p in enumerate(bridged))
 
         firing = _wait_for_alert(prom, describe)
-        ratios = {r["metric"]["torchelastic_rank"]: r["value"] for r in
-                  prom.query(f'torchelastic:worker_step_arrival:ratio_to_median{{torchelastic_run_id="{run_id}"}}')}
+        ratios = {
+            r["metric"]["torchelastic_rank"]: r["value"]
+            for r in prom.query(f'torchelastic:worker_step_arrival:ratio_to_median{{torchelastic_run_id="{run_id}"}}')
+        }
         dashboard = {panel: len(prom.query(expr)) for panel, expr in training_jobs.dashboard_queries()}
         go.touch()
         plain_go.touch()
@@ -219,7 +222,7 @@ def test_the_workers_exported_step_time_and_arrival(outcome: Outcome) -> None:
     durations = _by_rank(outcome.points, "torchelastic.worker.step.duration")
     arrivals = _by_rank(outcome.points, "torchelastic.worker.step.arrival")
     assert set(durations) == set(arrivals) == {0, 1, 2, 3}
-    for rank, point in durations.items():
+    for point in durations.values():
         assert point["unit"] == "s" and point["count"] >= 10, point
         assert point["resource"]["torchelastic.run_id"] == outcome.run_id
     means = {rank: p["sum"] / p["count"] for rank, p in durations.items()}

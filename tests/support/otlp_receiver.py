@@ -709,7 +709,11 @@ def _main(argv: list[str] | None = None) -> int:
                 print(json.dumps(line, default=lambda o: o.hex() if isinstance(o, bytes) else repr(o)), flush=True)
 
     with OtlpReceiver(args.grpc_port, args.http_port, on_request=emit) as rx:
-        print(f"OTLP gRPC: {rx.grpc_endpoint}  OTLP HTTP: {rx.http_endpoint}  (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        print(
+            f"OTLP gRPC: {rx.grpc_endpoint}  OTLP HTTP: {rx.http_endpoint}  (Ctrl-C to stop)",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             threading.Event().wait()
         except KeyboardInterrupt:

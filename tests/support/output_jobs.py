@@ -1,4 +1,5 @@
-"""Running ``tests/support/workers/_output_worker.py`` under plain torchrun and under the bridge, and reading what each printed.
+"""Running ``tests/support/workers/_output_worker.py`` under plain torchrun and under the bridge, and reading what
+each printed.
 
 Shared by ``tests/jobs/test_worker_output.py``: a job runs with a given torchrun layout (console only; ``--redirects``,
 ``--tee``, ``--local-ranks-filter`` and ``--log-dir`` together), optionally on a terminal (a pty the test holds),

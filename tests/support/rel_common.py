@@ -1,5 +1,6 @@
 """Shared helpers of the reliability tests (``tests/*/test_reliability_*.py``): clean environments, child programs
-(``tests/support/workers/_rel_child.py``) and torchrun jobs (``tests/support/workers/_rel_worker.py``) that are always stopped, and receiver views.
+(``tests/support/workers/_rel_child.py``) and torchrun jobs (``tests/support/workers/_rel_worker.py``) that are always
+stopped, and receiver views.
 
 Everything binds or targets 127.0.0.1 only. Every process a helper starts is killed (with what it started) when
 the helper's context ends, and every wait has a deadline.
@@ -115,7 +116,9 @@ def run_child(scenario: str, env: dict[str, str], *args: str, timeout: float = 6
     )
     child = Child(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start, parse_results(proc.stdout))
     if check:
-        assert child.returncode == 0, f"child {scenario} failed ({child.returncode}):\n{child.stdout[-3000:]}\n{child.stderr[-3000:]}"
+        assert child.returncode == 0, (
+            f"child {scenario} failed ({child.returncode}):\n{child.stdout[-3000:]}\n{child.stderr[-3000:]}"
+        )
         assert child.results, f"child {scenario} printed no result:\n{child.stdout[-3000:]}\n{child.stderr[-3000:]}"
     return child
 

@@ -102,8 +102,9 @@ class Process:
             provider.shutdown()
 
 
-def write_job(directory: Path, shape: Shape = Shape()) -> Facts:
-    """Write the files of one job into ``directory``; returns what they hold."""
+def write_job(directory: Path, shape: Shape | None = None) -> Facts:
+    """Write the files of one job (``Shape()`` unless given) into ``directory``; returns what they hold."""
+    shape = shape or Shape()
     directory.mkdir(parents=True, exist_ok=True)
     # ends a second ago: the metric points (stamped by the SDK at collection, now) come right after the spans
     start = (time.time_ns() // S - shape.attempts * 4 - 1) * S

@@ -87,8 +87,19 @@ def run_tool(cmd: list[str], timeout: float = 60.0, cwd: Path | None = None) -> 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without OTEL_*, torchrun, bridge or rotel state, plus ``extra``."""
     dropped_prefixes = ("OTEL_", "TORCHELASTIC_", "TRACEPARENT", "TRACESTATE", "ROTEL_")
-    torchrun_vars = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_NAME",
-                     "MASTER_ADDR", "MASTER_PORT", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE"}
+    torchrun_vars = {
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "ROLE_NAME",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "ROLE_WORLD_SIZE",
+        "GROUP_WORLD_SIZE",
+    }
     env = {k: v for k, v in os.environ.items() if not k.startswith(dropped_prefixes) and k not in torchrun_vars}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
@@ -251,8 +262,22 @@ class Prometheus:
 # ---- PromQL: the metric names an expression uses ------------------------------------------------------------------
 
 _PROMQL_KEYWORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool", "and", "or", "unless",
-    "inf", "nan", "atan2", "start", "end",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "inf",
+    "nan",
+    "atan2",
+    "start",
+    "end",
 }
 _GRAFANA_VARIABLE = re.compile(r"\$\{[^}]*\}|\$\w+|\[\[\w+\]\]")
 _STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
@@ -274,7 +299,7 @@ def promql_metric_names(expr: str) -> set[str]:
     text = re.sub(r"\b\d+(?:\.\d+)?(?:e[+-]?\d+)?(?:ms|[smhdwy])?\b", " ", text, flags=re.IGNORECASE)
     for match in _IDENT.finditer(text):
         word = match.group(1)
-        following = text[match.end():].lstrip()
+        following = text[match.end() :].lstrip()
         if following.startswith("("):  # a function or an aggregation
             continue
         if word.lower() in _PROMQL_KEYWORDS:
@@ -315,21 +340,37 @@ def dashboard_targets(path: Path = DASHBOARD) -> list[dict[str, Any]]:
     def walk(panels: Iterable[dict[str, Any]]) -> None:
         for panel in panels:
             for target in panel.get("targets", []):
-                found.append({"panel": panel.get("title", ""), "datasource": target.get("datasource")
-                              or panel.get("datasource"), **target})
+                found.append(
+                    {
+                        "panel": panel.get("title", ""),
+                        "datasource": target.get("datasource") or panel.get("datasource"),
+                        **target,
+                    }
+                )
             walk(panel.get("panels", []))
 
     walk(board.get("panels", []))
     for annotation in board.get("annotations", {}).get("list", []):
         if annotation.get("expr"):
-            found.append({"panel": f"annotation {annotation['name']}", "datasource": annotation.get("datasource"),
-                          "expr": annotation["expr"]})
+            found.append(
+                {
+                    "panel": f"annotation {annotation['name']}",
+                    "datasource": annotation.get("datasource"),
+                    "expr": annotation["expr"],
+                }
+            )
     for variable in board.get("templating", {}).get("list", []):
         query = variable.get("query")
         if variable.get("type") == "query":
             expr = query.get("query") if isinstance(query, dict) else query
-            found.append({"panel": f"variable {variable['name']}", "datasource": variable.get("datasource"),
-                          "expr": expr, "templating": True})
+            found.append(
+                {
+                    "panel": f"variable {variable['name']}",
+                    "datasource": variable.get("datasource"),
+                    "expr": expr,
+                    "templating": True,
+                }
+            )
     return found
 
 
@@ -339,8 +380,12 @@ def grafana_to_promql(expr: str) -> str:
     if label_values:  # templating: label_values(metric_selector, label)
         expr = f"count by ({label_values.group(2)}) ({label_values.group(1)})"
     replacements = {
-        "$__rate_interval": "1m", "${__rate_interval}": "1m", "$__interval": "1s", "${__interval}": "1s",
-        "$__range": "10m", "${__range}": "10m",
+        "$__rate_interval": "1m",
+        "${__rate_interval}": "1m",
+        "$__interval": "1s",
+        "${__interval}": "1s",
+        "$__range": "10m",
+        "${__range}": "10m",
     }
     for variable, value in replacements.items():
         expr = expr.replace(variable, value)

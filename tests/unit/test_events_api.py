@@ -103,7 +103,7 @@ EXAMPLE_EVENTS = [
     dict(name="test_event", source="AGENT", metadata={}),
     dict(name="torchelastic.worker.status.SUCCEEDED", source="AGENT", timestamp=0, metadata={"state": "SUCCEEDED"}),
     dict(name="n", source="WORKER", timestamp=1_700_000_000_123, metadata={"a": 1, "b": 2.5, "c": True, "d": None}),
-    dict(name="ünïcødé ✓", source="AGENT", timestamp=5, metadata={"k\"ey": "va\nlue", "": "", "x": -(2**64)}),
+    dict(name="ünïcødé ✓", source="AGENT", timestamp=5, metadata={'k"ey': "va\nlue", "": "", "x": -(2**64)}),
     dict(name="", source="WORKER", metadata={"nested": '{"local_rank": [0]}'}),
 ]
 

@@ -88,7 +88,12 @@ for _state in ("healthy", "failed", "succeeded", "unhealthy", "init", "stopped",
         {**_G, "role": "default", "state": _state})  # fmt: skip
 for _outcome in ("success_with_retries", "success_no_retries", "failed_with_retries", "failed_no_retries"):
     WORKER_EXPECTED[f"workers.default.run_{_outcome}"] = (
-        "torchelastic.workers.run_outcomes", "counter", "{run}", 1.0, {**_G, "role": "default", "outcome": _outcome})
+        "torchelastic.workers.run_outcomes",
+        "counter",
+        "{run}",
+        1.0,
+        {**_G, "role": "default", "outcome": _outcome},
+    )
 
 
 def _expected(name: str) -> tuple:
@@ -295,7 +300,6 @@ def test_collection_drains_a_handler_created_before_setup(otel, paused_drainer):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-
     early = metrics.OtelMetricHandler()  # bound to the fixture's pipeline
     metrics.configure(early, "early")
     reader = InMemoryMetricReader()
@@ -396,7 +400,6 @@ def test_prof_end_to_end(otel, handler):
 def test_explicit_meter_provider_handler(clean_state, paused_drainer):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
 
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
@@ -503,7 +506,7 @@ def test_no_error_gives_no_exception_attributes(raw_error):
 
 
 def test_rdzv_error_trace_and_fields():
-    trace = "Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: store down\n"
+    trace = 'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: store down\n'
     rd = RdzvEvent("n", "run-7", "m", "host-1", 42, NodeState.FAILED, master_endpoint="10.0.0.1:29400", rank=3,
                    local_id=0, error_trace=trace)  # fmt: skip
     attrs = events_otel.to_log_fields(rd)["attributes"]
@@ -741,7 +744,7 @@ def test_otel_destination_same_record_with_other_handlers_on_its_logger(otel):
             logger.removeHandler(extra)
     records = otel.log_records()
     assert len(records) == 6
-    for direct, via_json in zip(records[::2], records[1::2]):
+    for direct, via_json in zip(records[::2], records[1::2], strict=True):
         assert (direct.event_name, direct.body, direct.severity_number) == (
             via_json.event_name, via_json.body, via_json.severity_number)  # fmt: skip
         assert dict(direct.attributes) == dict(via_json.attributes)
@@ -783,10 +786,12 @@ def test_a_drain_sums_counters_and_keeps_the_last_gauge_value_in_one_sdk_call_ea
     metrics.put_metric("tokens_total", 2**62, "trainer")
     torchelastic_otel.flush()  # binds the instruments
     calls: collections.Counter[str] = collections.Counter()
-    for (group, name), bound in handler._bound.items():
+    for (_group, name), bound in handler._bound.items():
         original = bound.call
         bound.call = lambda value, attributes, _name=name, _original=original: (
-            calls.update([_name]), _original(value, attributes))
+            calls.update([_name]),
+            _original(value, attributes),
+        )
 
     for step in range(steps):
         metrics.put_metric("samples_total", 16, "trainer")

@@ -102,8 +102,17 @@ def _params(fn) -> list[tuple]:
 
 @pytest.mark.parametrize(
     "name",
-    ["configure", "getStream", "put_metric", "publish_metric", "prof", "profile", "get_elapsed_time_ms",
-     "initialize_metrics", "_get_metric_name"],  # fmt: skip
+    [
+        "configure",
+        "getStream",
+        "put_metric",
+        "publish_metric",
+        "prof",
+        "profile",
+        "get_elapsed_time_ms",
+        "initialize_metrics",
+        "_get_metric_name",
+    ],  # fmt: skip
 )
 def test_function_signatures_equal_torchs(name):
     assert _params(getattr(metrics, name)) == _params(_torch_attr(name))
@@ -111,8 +120,14 @@ def test_function_signatures_equal_torchs(name):
 
 @pytest.mark.parametrize(
     ("cls", "method"),
-    [("MetricStream", "__init__"), ("MetricStream", "add_value"), ("MetricsConfig", "__init__"),
-     ("MetricHandler", "emit"), ("ConsoleMetricHandler", "emit"), ("NullMetricHandler", "emit")],  # fmt: skip
+    [
+        ("MetricStream", "__init__"),
+        ("MetricStream", "add_value"),
+        ("MetricsConfig", "__init__"),
+        ("MetricHandler", "emit"),
+        ("ConsoleMetricHandler", "emit"),
+        ("NullMetricHandler", "emit"),
+    ],  # fmt: skip
 )
 def test_method_signatures_equal_torchs(cls, method):
     ours = getattr(getattr(metrics, cls), method)
@@ -206,10 +221,14 @@ def test_prof_success_publishes_like_torch(both):
     ours, theirs = _decorate_both(work)
     assert ours(1, y=2) == theirs(1, y=2) == 3
     assert ours.__name__ == theirs.__name__ == "work" and ours.__wrapped__ is work
-    assert ours_h.shape() == theirs_h.shape() == [
-        ("torchelastic", "test_prof_success_publishes_like_torch.<locals>.work.success", int),
-        ("torchelastic", "test_prof_success_publishes_like_torch.<locals>.work.duration.ms", int),
-    ]
+    assert (
+        ours_h.shape()
+        == theirs_h.shape()
+        == [
+            ("torchelastic", "test_prof_success_publishes_like_torch.<locals>.work.success", int),
+            ("torchelastic", "test_prof_success_publishes_like_torch.<locals>.work.duration.ms", int),
+        ]
+    )
     assert [d.value for d in ours_h.data][0] == 1
 
 
@@ -225,10 +244,14 @@ def test_prof_failure_publishes_like_torch_and_reraises(both):
     with pytest.raises(ValueError, match="boom"):
         theirs()
     key = "test_prof_failure_publishes_like_torch_and_reraises.<locals>.fails"
-    assert ours_h.shape() == theirs_h.shape() == [
-        ("agent", f"{key}.failure", int),
-        ("agent", f"{key}.duration.ms", int),
-    ]
+    assert (
+        ours_h.shape()
+        == theirs_h.shape()
+        == [
+            ("agent", f"{key}.failure", int),
+            ("agent", f"{key}.duration.ms", int),
+        ]
+    )
 
 
 def test_prof_base_exception_publishes_like_torch(both):
@@ -329,7 +352,10 @@ def test_configure_default_and_per_group_routing():
     metrics.put_metric("c", 3, metric_group="other")
     metrics.put_metric("d", 4, "unconfigured")
     metrics.getStream("my_app").add_value("e", 5)
-    assert [(d.group_name, d.name, d.value) for d in default.data] == [("torchelastic", "a", 1), ("unconfigured", "d", 4)]
+    assert [(d.group_name, d.name, d.value) for d in default.data] == [
+        ("torchelastic", "a", 1),
+        ("unconfigured", "d", 4),
+    ]
     assert [(d.group_name, d.name, d.value) for d in app.data] == [("my_app", "b", 2), ("my_app", "e", 5)]
     assert [(d.group_name, d.name, d.value) for d in other.data] == [("other", "c", 3)]
     assert all(isinstance(d, metrics.MetricData) and isinstance(d.timestamp, float) for d in default.data)
@@ -405,11 +431,15 @@ def test_profile_and_publish_metric_publish_like_torch(both):
             theirs_bad()
         metrics.publish_metric("app", "direct", 9)
         tm.publish_metric("app", "direct", 9)
-    assert ours_h.shape() == theirs_h.shape() == [
-        ("app", "step.success", int),
-        ("app", "step.duration.ms", int),
-        ("app", "bad.failure", int),
-        ("app", "bad.duration.ms", int),
-        ("app", "direct", int),
-    ]
+    assert (
+        ours_h.shape()
+        == theirs_h.shape()
+        == [
+            ("app", "step.success", int),
+            ("app", "step.duration.ms", int),
+            ("app", "bad.failure", int),
+            ("app", "bad.duration.ms", int),
+            ("app", "direct", int),
+        ]
+    )
     assert ours_h.data[-1].value == theirs_h.data[-1].value == 9

@@ -141,10 +141,12 @@ def test_all_signals_roundtrip(rx: OtlpReceiver, transport: str, gzip_: bool) ->
         assert p.meter_provider.force_flush(timeout_millis=5_000)
 
         assert rx.wait_for(
-            lambda r: len(r.spans()) == 1
-            and len(r.logs()) == 1
-            and r.metric_points("test.restarts")
-            and r.metric_points("test.latency"),
+            lambda r: (
+                len(r.spans()) == 1
+                and len(r.logs()) == 1
+                and r.metric_points("test.restarts")
+                and r.metric_points("test.latency")
+            ),
             timeout=5.0,
         ), rx
     trace_id = format(span_ctx.trace_id, "032x")
@@ -178,7 +180,12 @@ def test_all_signals_roundtrip(rx: OtlpReceiver, transport: str, gzip_: bool) ->
     assert {k: counters[0]["resource"][k] for k in resource} == resource
     assert counters[0]["description"] == "worker restarts"
     for h in rx.metric_points("test.latency"):
-        assert (h["type"], h["temporality"], h["attributes"], h["transport"]) == ("histogram", CUMULATIVE, {"rank": 0}, transport)
+        assert (h["type"], h["temporality"], h["attributes"], h["transport"]) == (
+            "histogram",
+            CUMULATIVE,
+            {"rank": 0},
+            transport,
+        )
         assert (h["count"], h["sum"], h["min"], h["max"]) == (2, 10.0, 3.0, 7.0)
         assert sum(h["bucket_counts"]) == 2 and len(h["bucket_counts"]) == len(h["explicit_bounds"]) + 1
 

@@ -44,7 +44,7 @@ from torchelastic_otel.events import Event, EventSource, NodeState, RdzvEvent
 from torchelastic_otel.events._otel import to_log_fields
 
 torch_events = pytest.importorskip("torch.distributed.elastic.events")
-import torch.distributed.elastic.metrics as torch_metrics
+import torch.distributed.elastic.metrics as torch_metrics  # noqa: E402
 
 INSTRUMENT_NAME = re.compile(r"[a-zA-Z][-_./a-zA-Z0-9]{0,254}")
 INT64 = (-(2**63), 2**63 - 1)
@@ -138,6 +138,8 @@ _keys = st.one_of(
     st.binary(max_size=5),
     st.builds(Unprintable),
 )
+
+
 def _containers(children: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(
         st.lists(children, max_size=4), st.dictionaries(_keys, children, max_size=4), st.tuples(children, children)
@@ -194,9 +196,11 @@ _metric_values = st.one_of(
     st.floats(),
     st.booleans(),
     st.none(),
-    st.sampled_from([10**400, -(10**400), "1.5", "abc", "nan", "-3", Decimal("2.5"), Fraction(1, 4), 1j, [1], Color.RED]),
+    st.sampled_from(
+        [10**400, -(10**400), "1.5", "abc", "nan", "-3", Decimal("2.5"), Fraction(1, 4), 1j, [1], Color.RED]
+    ),
     st.builds(Unprintable),
-)  # fmt: skip
+)
 _groups = st.one_of(
     st.text(max_size=20),
     st.sampled_from(["torchelastic", "", "x" * 5000]),
@@ -281,7 +285,9 @@ def fuzz() -> Any:
         dict(te_handlers._log_handlers),
     )
     # The destinations' loggers hold exactly their handler during the fuzz (other tests may have added some).
-    destination_loggers = {d: logging.getLogger(f"torchelastic-otel-events-{d}") for d in ("otel", "null", "dynamic_rendezvous")}
+    destination_loggers = {
+        d: logging.getLogger(f"torchelastic-otel-events-{d}") for d in ("otel", "null", "dynamic_rendezvous")
+    }
     saved_loggers = {d: (list(lg.handlers), lg.propagate) for d, lg in destination_loggers.items()}
     for logger in destination_loggers.values():
         logger.handlers[:] = []
@@ -396,7 +402,9 @@ def _make_event(name: Any, source: Any, timestamp: Any, metadata: Any) -> Any:
 
 @settings(max_examples=EXAMPLES["event"], **_settings)
 @given(name=_names, source=_sources, timestamp=_timestamps, metadata=_metadata, destination=_destinations)
-def test_fuzz_record_event(fuzz: FuzzPipeline, name: Any, source: Any, timestamp: Any, metadata: Any, destination: Any) -> None:
+def test_fuzz_record_event(
+    fuzz: FuzzPipeline, name: Any, source: Any, timestamp: Any, metadata: Any, destination: Any
+) -> None:
     _tried["event"] += 1
     fuzz.next_case()
     before = drops("logs")

@@ -212,7 +212,7 @@ def test_exporter_failures_are_counted_and_exported() -> None:
             OTEL_METRIC_EXPORT_INTERVAL="600000",
         )
         with live_child("export_faults", env) as child:
-            line = child.read_until(lambda line: line.startswith("REL_STAGE failed"), timeout=60)
+            child.read_until(lambda line: line.startswith("REL_STAGE failed"), timeout=60)
             assert rx.rejected["logs"] >= 1 and rx.rejected["metrics"] >= 1, rx.rejected
             rx.set_failing(False)
             done = child.finish(timeout=60)
@@ -222,8 +222,14 @@ def test_exporter_failures_are_counted_and_exported() -> None:
         assert rx.wait_for(lambda r: ("logs", "export_failed") in dropped(r), timeout=10), rx.requests
         got = dropped(rx, **{"process.pid": result["pid"]})
         counts = result["counts"]
-        for key in [("logs", "export_failed"), ("metrics", "export_failed"), ("traces", "export_failed"),
-                    ("logs", "queue_full"), ("all", "flush_timeout"), ("traces", "exporter_unavailable:doesnotexist")]:  # fmt: skip
+        for key in [
+            ("logs", "export_failed"),
+            ("metrics", "export_failed"),
+            ("traces", "export_failed"),
+            ("logs", "queue_full"),
+            ("all", "flush_timeout"),
+            ("traces", "exporter_unavailable:doesnotexist"),
+        ]:
             assert got.get(key, 0) >= 1, (key, got)
             assert got[key] == counts[f"dropped/{key[0]}/{key[1]}"], (key, got, counts)
         # Every event is accounted for: delivered after the collector healed, or counted as dropped.

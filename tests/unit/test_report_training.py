@@ -59,9 +59,11 @@ def _stalled(proc: Process, time: int, since: int, count: int, stack: str, code_
 
 
 def _stack(function: str) -> str:
-    return (f'Thread 1 "MainThread" (most recent call last):\n  File "train.py", line 57, in main\n    x()\n'
-            f'  File "torch/distributed/distributed_c10d.py", line 3252, in {function}\n    work.wait()\n'
-            f'Thread 2 "loader" (most recent call last):\n  File "threading.py", line 331, in wait\n')
+    return (
+        f'Thread 1 "MainThread" (most recent call last):\n  File "train.py", line 57, in main\n    x()\n'
+        f'  File "torch/distributed/distributed_c10d.py", line 3252, in {function}\n    work.wait()\n'
+        f'Thread 2 "loader" (most recent call last):\n  File "threading.py", line 331, in wait\n'
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,14 +86,22 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
         hang = t0 + 2 * S
         if rank == 1:
             _stalled(proc, hang + 3 * S, hang, 1, _stack("sleep"), 40, **_summary("default_pg", 10, 10))
-            proc.record("torchelastic.worker.exception", hang + 8 * S, SeverityNumber.ERROR, **{
-                "exception.type": "RuntimeError", "exception.message": "gave up", **_summary("default_pg", 10, 10)})
+            proc.record(
+                "torchelastic.worker.exception",
+                hang + 8 * S,
+                SeverityNumber.ERROR,
+                **{"exception.type": "RuntimeError", "exception.message": "gave up", **_summary("default_pg", 10, 10)},
+            )
         else:
             for count, after in ((1, 3), (2, 6)):
                 _stalled(proc, hang + after * S, hang, count, _stack("all_reduce"), 57,
                          **_summary("default_pg", 11, 10, "gloo:all_reduce"))  # fmt: skip
-            proc.record("torchelastic.worker.terminated", hang + 9 * S, SeverityNumber.WARN, **{
-                "torchelastic.signal": "SIGTERM", **_summary("default_pg", 11, 10, "gloo:all_reduce")})
+            proc.record(
+                "torchelastic.worker.terminated",
+                hang + 9 * S,
+                SeverityNumber.WARN,
+                **{"torchelastic.signal": "SIGTERM", **_summary("default_pg", 11, 10, "gloo:all_reduce")},
+            )
         proc.close()
     return directory
 

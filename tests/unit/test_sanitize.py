@@ -4,8 +4,8 @@ Python strings may hold lone surrogates: ``surrogateescape`` makes them of a non
 value or argv. UTF-8 cannot encode them, so the OTLP protobuf encoders fail on them: as a record's body or event
 name the whole export batch is lost (gRPC raises ``UnicodeEncodeError``, HTTP returns FAILURE), as an attribute
 the SDK drops it and logs a traceback. The bridge makes every string encodable where it builds records
-(``_export.attributes.encodable``: lone surrogates become U+FFFD, counted as ``sanitized{reason="lone_surrogates"}``), and
-its exporter wrapper keeps a batch that fails on encoding anyway (records made through the plain OpenTelemetry API
+(``_export.attributes.encodable``: lone surrogates become U+FFFD, counted as ``sanitized{reason="lone_surrogates"}``),
+and its exporter wrapper keeps a batch that fails on encoding anyway (records made through the plain OpenTelemetry API
 on the bridge's providers) from losing more than its unencodable items (``dropped{reason="unencodable"}``).
 
 Everything here goes through the real OTLP exporters, gRPC and HTTP (the providers the bridge builds from
@@ -496,7 +496,7 @@ def test_encodable_replaces_lone_surrogates_and_counts_each_string_once() -> Non
     cases = {
         "data_\udcff\udcfe.bin": "data_\ufffd\ufffd.bin",  # surrogateescape of b"data_\xff\xfe.bin"
         "\ud83d\ude00": "\U0001f600",  # a surrogate pair: the character it encodes
-        "\ude00\ud83d": "\ufffd\ufffd",  # the wrong order: two lone ones
+        "\ude00\ud83d": "\ufffd\ufffd",  # noqa: F601 - the wrong order: two lone ones (ruff folds the pair)
         "x\ud800": "x\ufffd",
         "\ud800\ud800\udc00": "\ufffd\U00010000",
     }
@@ -553,7 +553,7 @@ def test_a_job_whose_worker_fails_on_a_non_utf8_path_delivers_its_traceback(tmp_
     names = ("torchelastic.worker.exception", "torchelastic.root_cause")
     with OtlpReceiver() as receiver:
         bridged = run("torchelastic_otel.run", job_env(receiver))
-        arrived = lambda r: r.logs("torchelastic.root_cause") and r.spans("torchelastic.run")
+        arrived = lambda r: r.logs("torchelastic.root_cause") and r.spans("torchelastic.run")  # noqa: E731
         assert receiver.wait_for(arrived, timeout=10), [s["name"] for s in receiver.spans()]
         records = {name: receiver.logs(name) for name in names if receiver.logs(name)}
         records.update({name: receiver.spans(name) for name in ("torchelastic.attempt", "torchelastic.run")})

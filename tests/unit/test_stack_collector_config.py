@@ -32,15 +32,48 @@ DASHBOARD_PROVIDERS = CONFIG / "grafana" / "provisioning" / "dashboards"
 
 #: Component types of the OpenTelemetry Collector (core and contrib distributions) this stack may use.
 KNOWN_TYPES: dict[str, set[str]] = {
-    "receivers": {"otlp", "prometheus", "hostmetrics", "filelog", "journald", "kubeletstats", "k8s_cluster",
-                  "jaeger", "zipkin", "statsd", "docker_stats"},
-    "processors": {"batch", "memory_limiter", "resourcedetection", "resource", "attributes", "filter", "transform",
-                   "k8sattributes", "tail_sampling", "probabilistic_sampler", "cumulativetodelta",
-                   "deltatocumulative", "groupbyattrs", "metricstransform", "redaction"},
-    "exporters": {"otlp", "otlphttp", "prometheus", "prometheusremotewrite", "debug", "loki", "file", "kafka",
-                  "nop"},
-    "extensions": {"health_check", "pprof", "zpages", "file_storage", "basicauth", "bearertokenauth",
-                   "oauth2client", "headers_setter", "memory_ballast"},
+    "receivers": {
+        "otlp",
+        "prometheus",
+        "hostmetrics",
+        "filelog",
+        "journald",
+        "kubeletstats",
+        "k8s_cluster",
+        "jaeger",
+        "zipkin",
+        "statsd",
+        "docker_stats",
+    },
+    "processors": {
+        "batch",
+        "memory_limiter",
+        "resourcedetection",
+        "resource",
+        "attributes",
+        "filter",
+        "transform",
+        "k8sattributes",
+        "tail_sampling",
+        "probabilistic_sampler",
+        "cumulativetodelta",
+        "deltatocumulative",
+        "groupbyattrs",
+        "metricstransform",
+        "redaction",
+    },
+    "exporters": {"otlp", "otlphttp", "prometheus", "prometheusremotewrite", "debug", "loki", "file", "kafka", "nop"},
+    "extensions": {
+        "health_check",
+        "pprof",
+        "zpages",
+        "file_storage",
+        "basicauth",
+        "bearertokenauth",
+        "oauth2client",
+        "headers_setter",
+        "memory_ballast",
+    },
     "connectors": {"forward", "spanmetrics", "count", "routing", "servicegraph"},
 }
 PULL_EXPORTERS = {"prometheus"}  # serve a scrape endpoint: nothing to send, so no retry or queue
@@ -94,7 +127,9 @@ def test_pipelines_use_only_defined_components(collector: dict[str, Any]) -> Non
         assert "batch" in processors, pipeline_name
     for name in service.get("extensions") or []:
         assert name in (collector.get("extensions") or {}), f"service extension {name!r} is not defined"
-    used = {n for p in pipelines.values() for kind in ("receivers", "processors", "exporters") for n in p.get(kind) or []}
+    used = {
+        n for p in pipelines.values() for kind in ("receivers", "processors", "exporters") for n in p.get(kind) or []
+    }
     for kind in ("receivers", "processors", "exporters"):
         unused = set(collector.get(kind) or {}) - used
         assert not unused, f"{kind} defined but in no pipeline: {unused}"
@@ -252,8 +287,9 @@ def datasources() -> dict[str, dict[str, Any]]:
     return found
 
 
-def test_datasources_point_at_the_compose_services(datasources: dict[str, dict[str, Any]],
-                                                   compose: dict[str, Any]) -> None:
+def test_datasources_point_at_the_compose_services(
+    datasources: dict[str, dict[str, Any]], compose: dict[str, Any]
+) -> None:
     assert {s["type"] for s in datasources.values()} == {"prometheus", "jaeger", "loki"}
     expected_ports = {"prometheus": 9090, "jaeger": 16686, "loki": 3100}
     for source in datasources.values():
@@ -272,8 +308,7 @@ def test_dashboard_uses_provisioned_datasources(datasources: dict[str, dict[str,
 
 
 def test_dashboard_has_the_panels_of_the_issue() -> None:
-    exprs = [t["expr"] for t in stack.dashboard_targets()
-             if (t.get("datasource") or {}).get("type") == "prometheus"]
+    exprs = [t["expr"] for t in stack.dashboard_targets() if (t.get("datasource") or {}).get("type") == "prometheus"]
     text = "\n".join(exprs)
     assert "torchelastic_workers_runs_total" in text and "torchelastic_workers_run_outcomes_total" in text
     assert "torchelastic_workers_restarts_total" in text
@@ -300,7 +335,8 @@ def test_a_run_links_to_its_trace_in_jaeger() -> None:
     walk(board["panels"])
     links = [link for group in links for link in group]
     internal = [link["internal"] for link in links if link.get("internal")]
-    assert any(i["datasourceUid"] == "jaeger" and "torchelastic.run_id=${__value.raw}" in i["query"]["tags"]
-               for i in internal), links
+    assert any(
+        i["datasourceUid"] == "jaeger" and "torchelastic.run_id=${__value.raw}" in i["query"]["tags"] for i in internal
+    ), links
     external = [link["url"] for link in links if link.get("url")]
     assert any("/search?" in url and "torchelastic.run_id" in url and "${__value.raw}" in url for url in external)

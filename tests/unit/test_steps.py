@@ -24,7 +24,7 @@ from torchelastic_otel._torch.worker import collectives, stalls, steps, training
 from torchelastic_otel._torch.worker import hooks as worker
 
 torch = pytest.importorskip("torch")
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
 SECOND = 1_000_000_000
 

@@ -17,8 +17,9 @@ what it imported to a probe (``--probe-dir``, never the console):
     a child that records an event itself through ``torchelastic_otel.events.record(..., destination="otel")``.
 
 Then the ranks meet in a gloo ``all_reduce`` (``--dist``) and the worker writes its own probe: its pid, which
-modules it imported, the duration of each step and the CPU time of the children it waited for in it. Every line the worker or a child writes starts with
-``descendant_worker rank <r> ``. The worker never imports torch unless a step needs it (``dataloader``, ``--dist``).
+modules it imported, the duration of each step and the CPU time of the children it waited for in it. Every line the
+worker or a child writes starts with ``descendant_worker rank <r> ``. The worker never imports torch unless a step needs
+it (``dataloader``, ``--dist``).
 """
 
 from __future__ import annotations
@@ -158,8 +159,11 @@ def main() -> None:
     parser.add_argument("--dist", action="store_true", help="meet the other ranks in a gloo all_reduce at the end")
     parser.add_argument("--rank0-only", default="pool,dataloader", help="steps only rank 0 runs")
     parser.add_argument("--settle", type=float, default=0.0, help="seconds to wait before the first step")
-    parser.add_argument("--bare", action="store_true",
-                        help="children do nothing but start: `python -c pass`, `Pool(2).map(abs, ...)` (benchmark)")
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="children do nothing but start: `python -c pass`, `Pool(2).map(abs, ...)` (benchmark)",
+    )
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     rank0_only = set(filter(None, args.rank0_only.split(",")))

@@ -1,10 +1,10 @@
 """One drop-in scenario of ``test_launcher_dropin.py`` in a process of its own, under plain torch or with the bridge
 installed the custom-launcher way (``torchelastic_otel.install()`` before launching in-process).
 
-Usage: ``PYTHONPATH=. python tests/support/workers/_dropin_child.py MODE SCENARIO OUT_JSON`` with MODE ``plain`` or ``bridged``. The scenario's
-observations (return values, what the workers saw, the launching process's environment around each launch) are
-written to OUT_JSON, so the test compares plain and bridged runs of the same code. A process of its own per run:
-``install()`` changes torch for the whole process, and the scenarios fork.
+Usage: ``PYTHONPATH=. python tests/support/workers/_dropin_child.py MODE SCENARIO OUT_JSON`` with MODE ``plain`` or
+``bridged``. The scenario's observations (return values, what the workers saw, the launching process's environment
+around each launch) are written to OUT_JSON, so the test compares plain and bridged runs of the same code. A process of
+its own per run: ``install()`` changes torch for the whole process, and the scenarios fork.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ and tells the tests, in a file of its own (``--probe-dir``; never the console), 
 Every line the worker writes itself starts with ``output_worker rank <r> <stream> <n>:`` so a test can tell the
 rank and stream of any console line, and is written whole, in one write: the ranks share the console, and
 ``print(text)`` under ``python -u`` writes the newline separately, so another rank's line could land in the middle
-of it (in plain torchrun too: where that happens is timing, which the tests ignore). A rank that finishes ends with ``os._exit`` after flushing: after gloo use
-the interpreter may abort at exit.
+of it (in plain torchrun too: where that happens is timing, which the tests ignore). A rank that finishes ends with
+``os._exit`` after flushing: after gloo use the interpreter may abort at exit.
 """
 
 from __future__ import annotations
@@ -71,9 +71,13 @@ def _write_lines(rank: int) -> None:
     sys.stderr.write(line(rank, "stderr", 0, "sys.stderr") + "\n")
     os.write(1, (line(rank, "stdout", 1, "os.write on fd 1, as native code writes") + "\n").encode())
     subprocess.run(
-        ["sh", "-c", f"echo '{line(rank, 'stdout', 2, 'child process')}'; echo '{line(rank, 'stderr', 1, 'child process')}' >&2"],
+        [
+            "sh",
+            "-c",
+            f"echo '{line(rank, 'stdout', 2, 'child process')}'; echo '{line(rank, 'stderr', 1, 'child process')}' >&2",
+        ],
         check=True,
-    )  # fmt: skip
+    )
     # No handler configured: logging's last resort prints "<message>" to stderr, with or without the bridge.
     logging.getLogger("output_worker.unconfigured").warning(line(rank, "stderr", 2, "logging, unconfigured"))
     print(line(rank, "stdout", 3, "ünïcödé ✓ and a tab\there") + "\n", end="")

@@ -105,14 +105,18 @@ def export_faults() -> None:
     with trace.get_tracer("rel").start_as_current_span("rel.span"):
         for i in range(n):
             events.record("rel.fault", "rel", {"seq": i})
-    for i in range(20):
+    for _ in range(20):
         metrics.put_metric("rel.fault.count", 1, "rel")
     started = time.monotonic()
     flushed = torchelastic_otel.flush(5000)
     flush_seconds = time.monotonic() - started
     # Wait for the exporters to give up on what they hold (OTEL_EXPORTER_OTLP_TIMEOUT), bounded.
     settled = wait_until(
-        lambda: dropped("logs", "export_failed") and dropped("metrics", "export_failed") and dropped("traces", "export_failed"),
+        lambda: (
+            dropped("logs", "export_failed")
+            and dropped("metrics", "export_failed")
+            and dropped("traces", "export_failed")
+        ),
         timeout=30,
     )
     stage("failed", counts=counts(), flushed=flushed, flush_seconds=flush_seconds, settled=settled)

@@ -50,7 +50,9 @@ def steps(args: argparse.Namespace) -> None:
     for step in range(args.steps):
         loss = train_step(1.0 / (step + 1))
         metrics.put_metric("worker.loss", int(loss * 1000), "trainer")
-        events.record(events.Event("trainer.step", events.EventSource.WORKER, metadata={"rank": rank, "step": step}), "otel")
+        events.record(
+            events.Event("trainer.step", events.EventSource.WORKER, metadata={"rank": rank, "step": step}), "otel"
+        )
     dist.destroy_process_group()
     mark("done", rank=rank)
     import torchelastic_otel

@@ -1,13 +1,12 @@
 """A torchrun worker whose group fails: one rank raises, the others are inside a gloo collective (CPU).
 
-Used by ``tests/jobs/test_root_cause.py``. A plain training script, unaware of the bridge (torch's APIs only). Every rank
-joins the gloo group and does one ``all_reduce``. Then the rank ``--fail-rank`` prints a line to stdout and one to
+Used by ``tests/jobs/test_root_cause.py``. A plain training script, unaware of the bridge (torch's APIs only). Every
+rank joins the gloo group and does one ``all_reduce``. Then the rank ``--fail-rank`` prints a line to stdout and one to
 stderr, logs a warning and raises ``ValueError("corrupt batch 7")`` from ``load_batch``; every other rank enters a
-second ``all_reduce`` that cannot complete without it, so it is blocked in C++ when its peer dies: gloo then
-raises in it (a consequence), or its agent stops it with SIGTERM. With ``--record`` the entry point is decorated
-with torch's ``@record`` (torch then writes the error file torchrun ranks failures by); with ``--destroy`` every rank
-destroys its process group in a ``finally`` block, so the failing rank's peers lose it before its exception reaches
-the excepthook.
+second ``all_reduce`` that cannot complete without it, so it is blocked in C++ when its peer dies: gloo then raises in
+it (a consequence), or its agent stops it with SIGTERM. With ``--record`` the entry point is decorated with torch's
+``@record`` (torch then writes the error file torchrun ranks failures by); with ``--destroy`` every rank destroys its
+process group in a ``finally`` block, so the failing rank's peers lose it before its exception reaches the excepthook.
 """
 
 from __future__ import annotations

@@ -44,7 +44,9 @@ def _wait_for_file(path: Path, timeout: float) -> bool:
 
 
 @metrics.prof(group="trainer")
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, target: torch.Tensor) -> float:
+def train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, target: torch.Tensor
+) -> float:
     """One SGD step; ``@prof`` names it ``__main__.train_step``."""
     optimizer.zero_grad()
     loss = torch.nn.functional.mse_loss(model(batch), target)
@@ -90,8 +92,15 @@ def _main(argv: list[str] | None) -> None:
                 destination="otel",
             )
 
-    report = {"rank": rank, "restart": restart, "loss": loss, "samples": BATCH * args.steps, "steps": args.steps,
-              "pid": os.getpid(), "local_rank": int(os.environ["LOCAL_RANK"])}
+    report = {
+        "rank": rank,
+        "restart": restart,
+        "loss": loss,
+        "samples": BATCH * args.steps,
+        "steps": args.steps,
+        "pid": os.getpid(),
+        "local_rank": int(os.environ["LOCAL_RANK"]),
+    }
     tmp = flag_dir / f".ready-r{restart}-rank{rank}.json.tmp"
     tmp.write_text(json.dumps(report))
     tmp.replace(flag_dir / f"ready-r{restart}-rank{rank}.json")

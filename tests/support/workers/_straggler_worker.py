@@ -66,7 +66,7 @@ def main() -> None:
         optimizer.step()
         ends.append(time.monotonic())
         step += 1
-    durations = [b - a for a, b in zip(ends, ends[1:])]
+    durations = [b - a for a, b in zip(ends, ends[1:], strict=False)]
     median = statistics.median(durations) * 1000 if durations else 0.0
     sys.stdout.write(f"straggler_worker rank {rank}: steps {step}, median step {median:.1f} ms\n")
     sys.stdout.flush()
