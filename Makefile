@@ -39,14 +39,14 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(PY) .ci/import_cycles.py
 
-# What the browser tests in tests/test_report.py run for real: Debian's chromium (headless); installed when root
+# What the browser tests in tests/jobs/test_report.py run for real: Debian's chromium (headless); installed when root
 # and missing (elsewhere those tests skip, saying why). Idempotent.
 browser-deps:
 	@if ! command -v chromium >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	fi
 
-# What tests/test_stack_*.py run for real: Debian's prometheus (prometheus + promtool; installed when root and
+# What tests/stack/test_stack_*.py run for real: Debian's prometheus (prometheus + promtool; installed when root and
 # missing) and rotel, an OTLP collector shipped as a wheel (pre-releases only). Idempotent.
 stack-deps: venv
 	@if ! command -v promtool >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

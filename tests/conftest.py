@@ -22,39 +22,15 @@ import torchelastic_otel
 from tests.support.otel import KEEP_ALIVE, InMemoryOtel
 from torchelastic_otel import events as te_events
 from torchelastic_otel import pipeline
-from torchelastic_otel.events import handlers as te_handlers
 from torchelastic_otel.metrics import api as te_metrics_api
 
 
 @pytest.fixture
 def clean_state() -> Iterator[None]:
-    """Restore the bridge's module-level routing state (metric handlers, event handlers and loggers) afterwards."""
-    saved_metrics_map = dict(te_metrics_api._metrics_map)
-    saved_default_metrics = te_metrics_api._default_metrics_handler
-    saved_legacy = dict(te_events._legacy_handlers)
-    saved_legacy_default = list(te_events._legacy_default)
-    saved_log_handlers = dict(te_handlers._log_handlers)
-    _forget_event_loggers(te_events._events_loggers)
-    try:
+    """Restore the bridge's module-level routing state (metric handlers, event handlers and loggers) afterwards:
+    each API's owner puts its own back."""
+    with te_events._state_restored(), te_metrics_api._state_restored():
         yield
-    finally:
-        te_metrics_api._metrics_map.clear()
-        te_metrics_api._metrics_map.update(saved_metrics_map)
-        te_metrics_api._default_metrics_handler = saved_default_metrics
-        te_events._legacy_handlers.clear()
-        te_events._legacy_handlers.update(saved_legacy)
-        te_events._legacy_default[:] = saved_legacy_default
-        _forget_event_loggers(te_events._events_loggers)
-        te_handlers._log_handlers.clear()
-        te_handlers._log_handlers.update(saved_log_handlers)
-
-
-def _forget_event_loggers(loggers: dict) -> None:
-    """Drop the cached per-destination loggers (and detach their handlers) so the next record rebuilds them."""
-    for logger in loggers.values():
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
-    loggers.clear()
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 A release of any of them may change these. Each function here has a fallback that keeps the job running and is
 counted (``torchelastic_otel.fallbacks`` ``{reason}``, logged once), never a silent downgrade; each is pinned by a
-test in ``tests/test_compat.py`` that fails when a release changes it.
+test in ``tests/unit/test_compat.py`` that fails when a release changes it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Literal
 
-from torchelastic_otel._export import selftelemetry
+from torchelastic_otel import _selftelemetry as selftelemetry
 
 _logger = logging.getLogger("torchelastic_otel")
 

@@ -16,7 +16,7 @@ _CHILD = r"""
 import json, time
 from opentelemetry import _logs, metrics, trace
 import torchelastic_otel
-from torchelastic_otel._export import selftelemetry
+from torchelastic_otel import _selftelemetry as selftelemetry
 
 torchelastic_otel.get_pipeline()  # builds the providers from OTEL_* and sets them globally
 tracer = trace.get_tracer("user")

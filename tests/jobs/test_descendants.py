@@ -334,7 +334,7 @@ def test_a_callback_runs_once_the_module_has_run(tmp_path: Path, monkeypatch: py
 
 
 def test_a_failing_callback_never_fails_the_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchelastic_otel._export import selftelemetry
+    from torchelastic_otel import _selftelemetry as selftelemetry
     from torchelastic_otel._torch import imports
 
     (tmp_path / "hooked_failing.py").write_text("VALUE = 42\n")

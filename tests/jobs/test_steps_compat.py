@@ -37,7 +37,7 @@ if sys.argv[2] == "no-pickle":
     import torch._C._distributed_c10d as c10d
     del c10d._dump_fr_trace  # as in a release without it
 from torchelastic_otel import _compat
-from torchelastic_otel._export import selftelemetry
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._torch.worker import collectives
 t = torch.ones(1)
 for _ in range(3):

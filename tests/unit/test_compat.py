@@ -13,7 +13,7 @@ import pytest
 
 from tests.support import ROOT
 from torchelastic_otel import _compat
-from torchelastic_otel._export import selftelemetry
+from torchelastic_otel import _selftelemetry as selftelemetry
 
 
 def _child(code: str) -> subprocess.CompletedProcess:

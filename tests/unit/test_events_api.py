@@ -20,8 +20,8 @@ import torch.distributed.elastic.events.handlers as tev_handlers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import events
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel.events import api as te_api
 from torchelastic_otel.events import handlers as te_handlers
 

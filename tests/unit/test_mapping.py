@@ -24,8 +24,8 @@ from opentelemetry.metrics._internal.instrument import Instrument
 import torchelastic_otel
 from tests.support.otel import KEEP_ALIVE, metric_of, points_of
 from tests.support.releases import torch_events_have_exit_code
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import events, metrics
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel.events import _otel as events_otel
 from torchelastic_otel.events.api import Event, EventSource, NodeState, RdzvEvent
 from torchelastic_otel.metrics.rules import (

@@ -15,8 +15,8 @@ import pytest
 import torch.distributed.elastic.metrics as tm
 import torch.distributed.elastic.metrics.api as tm_api
 
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import metrics
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel.metrics import api as te_api
 
 # ---- helpers ---------------------------------------------------------------------------------------------------

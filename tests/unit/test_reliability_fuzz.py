@@ -38,8 +38,9 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import torchelastic_otel
 from tests.support.rel_common import report
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import events, metrics
-from torchelastic_otel._export import drainer, selftelemetry
+from torchelastic_otel._export import drainer
 from torchelastic_otel.events import Event, EventSource, NodeState, RdzvEvent
 from torchelastic_otel.events._otel import to_log_fields
 
@@ -274,16 +275,8 @@ class FuzzPipeline:
 def fuzz() -> Any:
     """The bridge set up with in-memory providers and OTel handlers for every metric group and event type."""
     from torchelastic_otel import pipeline
-    from torchelastic_otel.events import handlers as te_handlers
     from torchelastic_otel.metrics import api as te_metrics_api
 
-    saved = (
-        dict(te_metrics_api._metrics_map),
-        te_metrics_api._default_metrics_handler,
-        dict(events._legacy_handlers),
-        list(events._legacy_default),
-        dict(te_handlers._log_handlers),
-    )
     # The destinations' loggers hold exactly their handler during the fuzz (other tests may have added some).
     destination_loggers = {
         d: logging.getLogger(f"torchelastic-otel-events-{d}") for d in ("otel", "null", "dynamic_rendezvous")
@@ -292,8 +285,8 @@ def fuzz() -> Any:
     for logger in destination_loggers.values():
         logger.handlers[:] = []
         logger.propagate = False
-    events._events_loggers.clear()
-    with drainer.paused():  # only this test's drains move values (deterministic accounting)
+    # Only this test's drains move values (deterministic accounting).
+    with events._state_restored(), te_metrics_api._state_restored(), drainer.paused():
         state = FuzzPipeline()
         handler = metrics.OtelMetricHandler()
         metrics.configure(handler)
@@ -301,18 +294,6 @@ def fuzz() -> Any:
         try:
             yield state
         finally:
-            te_metrics_api._metrics_map.clear()
-            te_metrics_api._metrics_map.update(saved[0])
-            te_metrics_api._default_metrics_handler = saved[1]
-            events._legacy_handlers.clear()
-            events._legacy_handlers.update(saved[2])
-            events._legacy_default[:] = saved[3]
-            for logger in events._events_loggers.values():
-                for h in list(logger.handlers):
-                    logger.removeHandler(h)
-            events._events_loggers.clear()
-            te_handlers._log_handlers.clear()
-            te_handlers._log_handlers.update(saved[4])
             for d, (handlers, propagate) in saved_loggers.items():
                 destination_loggers[d].handlers[:] = handlers
                 destination_loggers[d].propagate = propagate

@@ -35,9 +35,9 @@ import pytest
 
 import torchelastic_otel
 from tests.support.rel_common import OtlpReceiver, dropped, live_child, otlp_env, report
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import events, metrics
 from torchelastic_otel._export import drainer as _drainer
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel.events import _otel as event_adapter
 
 

@@ -19,6 +19,7 @@ needed it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator
@@ -32,9 +33,10 @@ from opentelemetry._logs import LogRecord
 import torchelastic_otel
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.rel_common import latest_value, report
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import events, metrics, pipeline
 from torchelastic_otel._export import attributes as _attributes
-from torchelastic_otel._export import counting, drainer, selftelemetry
+from torchelastic_otel._export import counting, drainer
 from torchelastic_otel._export import providers as _providers
 from torchelastic_otel.events import Event, EventSource, NodeState
 from torchelastic_otel.events import handlers as te_handlers
@@ -151,13 +153,9 @@ def bridge(request: pytest.FixtureRequest, rx: OtlpReceiver) -> Iterator[Bridge]
     """The bridge exporting over ``request.param`` with OTel handlers for every event type, metric group and the
     rendezvous destination; batches leave only on a flush (so one flush is one batch per signal)."""
     endpoint = rx.grpc_endpoint if request.param == "grpc" else rx.http_endpoint
-    saved = (
-        dict(te_metrics_api._metrics_map),
-        te_metrics_api._default_metrics_handler,
-        dict(events._legacy_handlers),
-        list(events._legacy_default),
-        dict(te_handlers._log_handlers),
-    )
+    restored = contextlib.ExitStack()
+    restored.enter_context(events._state_restored())
+    restored.enter_context(te_metrics_api._state_restored())
     with pytest.MonkeyPatch.context() as env:
         for name in ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER"):
             env.setenv(name, "otlp")
@@ -168,7 +166,6 @@ def bridge(request: pytest.FixtureRequest, rx: OtlpReceiver) -> Iterator[Bridge]
         env.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
         env.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
         bridge = Bridge(rx, request.param)
-    _forget_event_loggers()
     events._legacy_handlers.clear()
     events.configure(events.OtelEventHandler())
     metrics.configure(metrics.OtelMetricHandler())
@@ -177,22 +174,7 @@ def bridge(request: pytest.FixtureRequest, rx: OtlpReceiver) -> Iterator[Bridge]
         yield bridge
     finally:
         bridge.shutdown()
-        te_metrics_api._metrics_map.clear()
-        te_metrics_api._metrics_map.update(saved[0])
-        te_metrics_api._default_metrics_handler = saved[1]
-        events._legacy_handlers.clear()
-        events._legacy_handlers.update(saved[2])
-        events._legacy_default[:] = saved[3]
-        te_handlers._log_handlers.clear()
-        te_handlers._log_handlers.update(saved[4])
-        _forget_event_loggers()
-
-
-def _forget_event_loggers() -> None:
-    for logger in events._events_loggers.values():
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
-    events._events_loggers.clear()
+        restored.close()
 
 
 def lone(signal: str) -> int:

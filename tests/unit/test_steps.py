@@ -17,8 +17,8 @@ import pytest
 
 import torchelastic_otel
 from tests.support.waiting import wait_for
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import drainer as _drainer
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker import collectives, stalls, steps, training
 from torchelastic_otel._torch.worker import hooks as worker

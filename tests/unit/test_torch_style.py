@@ -106,7 +106,7 @@ def test_put_metric_goes_through_a_wrapped_get_stream_and_add_value(prefix: str)
 
 def test_a_raising_get_stream_patch_is_counted_not_raised() -> None:
     """The bridge's promise on top of torch's: telemetry never raises into the job."""
-    from torchelastic_otel._export import selftelemetry
+    from torchelastic_otel import _selftelemetry as selftelemetry
     from torchelastic_otel.metrics import api
 
     before = selftelemetry.total(selftelemetry.DROPPED, reason="handler_error")

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from torchelastic_otel._export import selftelemetry
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._torch.output.lines import TAIL_LINES, Limits, Lines
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker import log_records as worker_logging

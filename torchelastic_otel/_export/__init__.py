@@ -1,1 +1,2 @@
-"""The export pipeline: the state machine that builds it, its providers, bounded buffers and self-telemetry."""
+"""The export pipeline: the state machine that builds it, its providers, bounded buffers, the drainer and the
+fork gate exports hold."""

@@ -19,7 +19,7 @@ import json
 from enum import Enum
 from typing import Any
 
-from torchelastic_otel._export import selftelemetry
+from torchelastic_otel import _selftelemetry as selftelemetry
 
 __all__ = [
     "flatten",

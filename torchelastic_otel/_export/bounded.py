@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from torchelastic_otel import _compat
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import health as _health
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._settings import DOWN_WAIT_MILLIS, EXIT_TIMEOUT_MILLIS
 
 __all__ = ["run_bounded", "bounded_flush", "backend_down"]

@@ -25,10 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torchelastic_otel import _compat
+from torchelastic_otel import _selftelemetry as selftelemetry
+from torchelastic_otel._export import forkgate
 from torchelastic_otel._export import health as _health
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._export.health import ExportHealth
-from torchelastic_otel._process import forkgate
 
 
 def _failed(result: Any) -> bool:

@@ -18,8 +18,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import _settings
-from torchelastic_otel._export import selftelemetry
 
 __all__ = [
     "Drainable",

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from torchelastic_otel import _compat, _settings
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import bounded as _bounded
-from torchelastic_otel._export import counting, selftelemetry
+from torchelastic_otel._export import counting
 from torchelastic_otel._export import health as _health
 
 _logger = logging.getLogger("torchelastic_otel")

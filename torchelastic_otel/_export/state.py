@@ -46,11 +46,11 @@ from typing import Any
 from opentelemetry import _logs, metrics, trace
 
 from torchelastic_otel import _compat, _settings
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import bounded as _bounded
 from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel._export import placeholders as _placeholders
 from torchelastic_otel._export import providers as _providers
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._export.providers import DEFAULT_SERVICE_NAME
 from torchelastic_otel._settings import EXIT_TIMEOUT_MILLIS, sdk_disabled
 

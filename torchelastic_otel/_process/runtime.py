@@ -28,12 +28,12 @@ from collections.abc import Callable
 from typing import Any
 
 from torchelastic_otel import _compat
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import bounded as _bounded
 from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._export import forkgate
 from torchelastic_otel._export import health as _health
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._export import state as pipeline
-from torchelastic_otel._process import forkgate
 from torchelastic_otel._process import signals as _signals
 from torchelastic_otel._process import stacks as _stacks
 from torchelastic_otel._settings import EXIT_TIMEOUT_MILLIS

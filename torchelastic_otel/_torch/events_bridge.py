@@ -52,7 +52,7 @@ def _rdzv_recorder(handler: logging.Handler) -> Callable[..., None]:
             )
             event_adapter.export_event(event)
         except Exception:  # a rendezvous must never fail because of telemetry
-            from torchelastic_otel._export import selftelemetry
+            from torchelastic_otel import _selftelemetry as selftelemetry
 
             selftelemetry.count(selftelemetry.DROPPED, "logs", "rdzv_event_error")
             return
@@ -70,7 +70,7 @@ def _torch_event(torch_events: Any, event: Any) -> Any:
     try:
         return torch_events.RdzvEvent(**{field: getattr(event, field) for field in _RDZV_FIELDS})
     except Exception:
-        from torchelastic_otel._export import selftelemetry
+        from torchelastic_otel import _selftelemetry as selftelemetry
 
         selftelemetry.count(selftelemetry.FALLBACK, "logs", "torch_rdzv_event")
         return event

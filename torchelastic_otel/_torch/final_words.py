@@ -98,7 +98,7 @@ def deliver(directory: str | None, logger: Any, tracer: Any = None) -> int:
         try:
             sent += _send(path, logger, tracer)
         except Exception:
-            from torchelastic_otel._export import selftelemetry
+            from torchelastic_otel import _selftelemetry as selftelemetry
 
             selftelemetry.count(selftelemetry.DROPPED, "logs", "final_words_unreadable")
             _logger.debug("torchelastic_otel: could not send %s", path, exc_info=True)

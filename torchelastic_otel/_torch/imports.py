@@ -88,7 +88,7 @@ def _run(name: str, callback: "Callback", module: "ModuleType") -> None:
         try:
             import logging
 
-            from torchelastic_otel._export import selftelemetry
+            from torchelastic_otel import _selftelemetry as selftelemetry
 
             selftelemetry.count(selftelemetry.DROPPED, "all", "import_hook_error")
             logging.getLogger("torchelastic_otel").debug("callback after importing %s failed", name, exc_info=True)

@@ -102,7 +102,7 @@ class TorchBridge:
             self.bridge(changes, module.__name__)
         except Exception as exc:
             changes.restore()
-            from torchelastic_otel._export import selftelemetry
+            from torchelastic_otel import _selftelemetry as selftelemetry
 
             selftelemetry.count(selftelemetry.FALLBACK, "all", "torch_module_not_bridged")
             _logger.warning("torchelastic_otel: %s not bridged, left as it was: %s", module.__name__, exc,

@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-from torchelastic_otel._export import selftelemetry
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export.attributes import safe_str
 from torchelastic_otel.events import api
 from torchelastic_otel.events._otel import OtelEventHandler, OtelLoggingHandler

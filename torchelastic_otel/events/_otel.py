@@ -32,10 +32,10 @@ from opentelemetry import context, trace
 from opentelemetry._logs import NoOpLogger, SeverityNumber
 
 from torchelastic_otel import _names as names
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import pipeline
 from torchelastic_otel._export import attributes as _attributes
 from torchelastic_otel._export import drainer as _drainer
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel.events.api import Event, EventHandler, RdzvEvent
 from torchelastic_otel.version import __version__
 

@@ -228,7 +228,7 @@ def record_event(event: Event) -> None:
     try:
         handler.record(event)
     except Exception as exc:
-        from torchelastic_otel._export import selftelemetry
+        from torchelastic_otel import _selftelemetry as selftelemetry
 
         selftelemetry.count(selftelemetry.DROPPED, "logs", "handler_error")
         logging.getLogger("torchelastic_otel").debug("event handler failed: %s", exc, exc_info=True)

@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import pipeline
 from torchelastic_otel._export import attributes as _attributes
 from torchelastic_otel._export import drainer as _drainer
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel.metrics.api import MetricData, MetricHandler
 from torchelastic_otel.metrics.rules import DEFAULT_RULES, DURATION_BUCKETS_S, Binding, MetricRule, resolve
 from torchelastic_otel.version import __version__

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from functools import wraps
 from typing import Any
 
-from torchelastic_otel._export import selftelemetry
+from torchelastic_otel import _selftelemetry as selftelemetry
 
 __all__ = [
     "MetricsConfig",

@@ -38,9 +38,9 @@ from typing import Any
 
 import torchelastic_otel
 from tests.support.waiting import wait_for  # the repository is on PYTHONPATH (rel_common.clean_env)
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import events, metrics
 from torchelastic_otel._export import drainer as _drainer
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel.events import Event, EventSource
 
 

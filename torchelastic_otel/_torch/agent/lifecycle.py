@@ -39,8 +39,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from torchelastic_otel import _compat, pipeline
 from torchelastic_otel import _names as names
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import attributes as _attributes
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._torch import final_words, root_cause
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.events import _otel as event_adapter

@@ -16,8 +16,8 @@ import collections
 import time
 from dataclasses import dataclass
 
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import _settings
-from torchelastic_otel._export import selftelemetry
 
 __all__ = ["Limits", "Line", "Lines", "TAIL_LINES"]
 

@@ -30,8 +30,8 @@ from typing import Any, NoReturn
 from opentelemetry._logs import SeverityNumber
 
 from torchelastic_otel import _compat
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import bounded as _bounded
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._torch.output.lines import Limits, Line, Lines
 from torchelastic_otel._torch.output.passthrough import HEADER, MIDLINE, STREAMS, detach
 from torchelastic_otel.version import __version__

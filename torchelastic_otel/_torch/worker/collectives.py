@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchelastic_otel import _compat, _settings
-from torchelastic_otel._export import selftelemetry
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._torch.worker import steps
 
 __all__ = ["Group", "status", "summary", "summary_attributes", "read_entries", "tick", "enabled"]

@@ -161,7 +161,7 @@ def _final_words(event: Event, extra: dict[str, Any] | None = None) -> str | Non
         if path is not None:
             _worker.emitted.append(path)
     except Exception:
-        from torchelastic_otel._export import selftelemetry
+        from torchelastic_otel import _selftelemetry as selftelemetry
 
         selftelemetry.count(selftelemetry.DROPPED, "logs", "final_words_error")
     return path

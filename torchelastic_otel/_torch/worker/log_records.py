@@ -33,9 +33,9 @@ from typing import Any
 
 from opentelemetry import context, trace
 
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import _settings, pipeline
 from torchelastic_otel._export import drainer as _drainer
-from torchelastic_otel._export import selftelemetry
 
 __all__ = ["install", "ENABLE_ENV"]
 

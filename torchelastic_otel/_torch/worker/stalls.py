@@ -28,8 +28,8 @@ import time
 from typing import Any
 
 from torchelastic_otel import _names as names
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import _settings
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel._process import stacks as _stacks
 from torchelastic_otel._torch.worker import collectives, steps
 from torchelastic_otel._torch.worker_env import worker_metadata

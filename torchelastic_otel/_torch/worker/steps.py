@@ -25,9 +25,9 @@ import time
 from typing import Any
 
 from torchelastic_otel import _names as names
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import pipeline
 from torchelastic_otel._export import drainer as _drainer
-from torchelastic_otel._export import selftelemetry
 from torchelastic_otel.metrics.rules import DURATION_BUCKETS_S
 from torchelastic_otel.version import __version__
 
