@@ -694,13 +694,16 @@ def _servicer(receiver: OtlpReceiver, signal: Signal) -> Any:
 def _main(argv: list[str] | None = None) -> int:
     """Manual mode: print endpoints, then one JSON line per received item."""
     import argparse
-    import os
+    import signal
     import sys
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grpc-port", type=int, default=0)
     parser.add_argument("--http-port", type=int, default=0)
     args = parser.parse_args(argv)
+    # Ctrl-C stops it even when started with SIGINT ignored, which a non-interactive shell does to every command
+    # it runs in the background (and Python then installs no KeyboardInterrupt handler): a CI script run with `&`.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print_lock = threading.Lock()
 
     def emit(received: ReceivedRequest) -> None:
@@ -719,11 +722,7 @@ def _main(argv: list[str] | None = None) -> int:
             threading.Event().wait()
         except KeyboardInterrupt:
             pass
-    # Both servers are stopped (bounded): leave now. Interpreter teardown with gRPC's threads took over 20 s to
-    # end a Ctrl-C'd receiver once in a full CI run (never alone); nothing of this manual mode needs it.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    return 0
 
 
 if __name__ == "__main__":

@@ -395,8 +395,8 @@ def test_script_mode_prints_endpoints_and_json_lines() -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            # A deadline, not a speed target: the receiver stops its gRPC server (up to 5 s) and HTTP server on
-            # Ctrl-C, which took over 5 s once on a loaded 2-core CI machine.
+            # A deadline, not a speed target: on Ctrl-C the receiver stops its gRPC server (up to 5 s) and its HTTP
+            # server. The script must stop even if its launcher ignores SIGINT, as a shell's background job does.
             assert proc.wait(timeout=20) == 0
         finally:
             if proc.poll() is None:
