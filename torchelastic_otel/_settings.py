@@ -42,7 +42,6 @@ __all__ = [
     "WORKER_OUTPUT_BURST",
     "WORKER_OUTPUT_MAX_LINE",
     "WORKER_OUTPUT_RATE",
-    "env_millis",
     "markdown_table",
     "sdk_disabled",
 ]
@@ -198,14 +197,6 @@ OUTPUT_READER = _setting(Setting(
     "TORCHELASTIC_OTEL_WORKER_OUTPUT_READER", None, str,
     "Set in a worker's output reader process, so that it captures nothing of its own.", internal=True,
 ))  # fmt: skip
-
-
-def env_millis(name: str, default: int) -> int:
-    """A non-negative number of milliseconds from the variable ``name``; ``default`` when unset or not a number."""
-    try:
-        return max(0, int(os.environ.get(name, "") or default))
-    except ValueError:
-        return default
 
 
 def sdk_disabled() -> bool:

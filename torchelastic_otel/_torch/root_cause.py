@@ -236,11 +236,16 @@ def _exiting(running_workers: dict[int, Any], failed: set[int], failure_dir: str
         if own is None:
             continue
         local_rank = _int_or_none(getattr(worker, "local_rank", None))
-        cause = RootCause(int(rank), local_rank, pid, own["time_unix_nano"], "exception")
-        cause.exception_type, cause.exception_message = own.get("type"), own.get("message")
-        cause.exception_stacktrace = own.get("stacktrace")
-        causes.append(cause)
+        causes.append(_from_failure_file(RootCause(int(rank), local_rank, pid, 0, "exception"), own))
     return causes
+
+
+def _from_failure_file(cause: RootCause, own: dict[str, Any]) -> RootCause:
+    """``cause`` timed and explained by the worker's own failure file (``write_failure``)."""
+    cause.time_unix_nano, cause.time_source = own["time_unix_nano"], "exception"
+    cause.exception_type, cause.exception_message = own.get("type"), own.get("message")
+    cause.exception_stacktrace = own.get("stacktrace")
+    return cause
 
 
 def _cause(rank: int, failure: Any, failure_dir: str | None, observed_ns: int) -> RootCause:
@@ -253,10 +258,7 @@ def _cause(rank: int, failure: Any, failure_dir: str | None, observed_ns: int) -
         cause.exit_code = exit_code
     own = _read_failure(failure_dir, pid)
     if own is not None:
-        cause.time_unix_nano, cause.time_source = own["time_unix_nano"], "exception"
-        cause.exception_type, cause.exception_message = own.get("type"), own.get("message")
-        cause.exception_stacktrace = own.get("stacktrace")
-        return cause
+        return _from_failure_file(cause, own)
     _from_error_file(cause, failure)
     return cause
 

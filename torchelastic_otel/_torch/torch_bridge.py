@@ -114,7 +114,7 @@ class TorchBridge:
 class _LightBridge:
     """The bridge of a process that is not the worker and did not ``install()`` (a worker's descendant, see
     ``worker_env.join_lazily``): torch's events or metrics module bridged when imported, nothing else (no worker
-    set-up, no agent lifecycle, no rendezvous import). ``install()`` takes over from it (``forget``)."""
+    set-up, no agent lifecycle, no rendezvous import). ``install()`` takes over from it (``take_over``)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

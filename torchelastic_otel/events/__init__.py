@@ -25,7 +25,7 @@ from typing import Any
 
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export.attributes import safe_str
-from torchelastic_otel.events import api
+from torchelastic_otel.events import api, handlers
 from torchelastic_otel.events._otel import OtelEventHandler, OtelLoggingHandler
 from torchelastic_otel.events.api import (  # noqa: F401
     DEFAULT_EVENT_TYPE,
@@ -241,8 +241,6 @@ def _state_restored() -> Iterator[None]:
     destinations' logging handlers, and the per-destination loggers (forgotten before and after, with their
     handlers detached, so the next record builds them afresh). The module keeps torch's names for this state
     (``_log_handlers``, ``_events_loggers``), so this is the one place that knows all of it."""
-    from torchelastic_otel.events import handlers
-
     saved = (dict(api._legacy_handlers), list(api._legacy_default), dict(handlers._log_handlers))
     _forget_loggers()
     try:
