@@ -223,3 +223,28 @@ def test_a_worker_that_exits_at_once_delivers_at_exit(record: bool) -> None:
         assert rx.wait_for(lambda r: worker_start(r) and (not record or r.logs("trainer.done")), timeout=30), (
             rx.requests
         )
+
+
+def test_an_exit_that_waits_for_the_build_waits_for_what_waited_for_it() -> None:
+    """The build's READY callbacks (a worker's ``torchelastic.worker.start`` span, the final words' logger) run in
+    the builder thread after the phase turned READY; an exit that waited for the build must not shut the providers
+    down under them. A callback that takes its time (0.5 s, as on a loaded machine) still gets its span out: the
+    exit's wait covers it. (Once it did not: the worker span was lost at random on a busy CI machine.)"""
+    code = r"""
+import json, sys, time
+import torchelastic_otel._process.runtime  # the exit handlers, registered when a build starts
+from torchelastic_otel import pipeline
+
+def late_span():
+    time.sleep(0.5)
+    pipeline.get_pipeline().tracer_provider.get_tracer("test").start_span("app.after_ready").end()
+
+pipeline.when_ready(late_span)
+print(json.dumps({"started": pipeline.start_building()}))
+"""
+    with OtlpReceiver() as rx:
+        env = worker_env(rx, TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="10000")
+        del env[AUTO_INSTALL_ENV]  # a plain interpreter: the build is the script's own
+        got = run(code, env)
+        assert got["started"] is True
+        assert rx.wait_for(lambda r: r.spans("app.after_ready"), timeout=30), rx.requests

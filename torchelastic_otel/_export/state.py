@@ -162,7 +162,10 @@ class _State:
         self.phase = Phase.UNSET
         self.current: Pipeline | None = None
         self.lock = threading.RLock()
-        self.built = threading.Event()  # set whenever the phase is not BUILDING
+        #: Set whenever the phase is not BUILDING, except while a build becomes READY: from then until what waited
+        #: for it (listeners, ``when_ready`` callbacks: the worker's span, the final words' logger) has run, so
+        #: that an exit that waits for the build flushes what they made rather than shutting down before it.
+        self.built = threading.Event()
         self.built.set()
         self.builder: threading.Thread | None = None
         #: Bumped whenever the pipeline is replaced, so adapters re-resolve their cached loggers/meters.
@@ -176,8 +179,8 @@ class _State:
         self.generation[0] += 1
         if phase is Phase.BUILDING:
             self.built.clear()
-        else:
-            self.built.set()
+        elif phase is not Phase.READY:
+            self.built.set()  # READY: ``_ready`` sets it once its callbacks ran
 
     def after_fork_in_child(self) -> None:
         self.lock = threading.RLock()
@@ -216,15 +219,19 @@ def _quietly(fn: Callable[..., Any], *args: Any) -> None:
 
 
 def _ready(pipeline: Pipeline) -> Pipeline:
-    """READY: self-telemetry on the meter provider, the drainer on, then what waited for a pipeline."""
+    """READY: self-telemetry on the meter provider, the drainer on, then what waited for a pipeline; only then
+    does :func:`wait_built` return (the exit flushes what the callbacks made)."""
     with state.lock:
         state.enter(Phase.READY, pipeline)
         callbacks, state.on_ready = state.on_ready, []
-    selftelemetry.instrument(pipeline.meter_provider)
-    _drainer.enable()
-    _notify(Phase.READY)
-    for callback in callbacks:
-        _quietly(callback)
+    try:
+        _quietly(selftelemetry.instrument, pipeline.meter_provider)
+        _quietly(_drainer.enable)
+        _notify(Phase.READY)
+        for callback in callbacks:
+            _quietly(callback)
+    finally:
+        state.built.set()
     return pipeline
 
 
@@ -377,7 +384,8 @@ def _build_in_background() -> None:
 
 
 def wait_built(timeout_seconds: float) -> bool:
-    """Wait (bounded) for a build in progress; ``True`` unless one is still BUILDING. Not for the final words."""
+    """Wait (bounded) for a build in progress and what waited for it (``_ready``); ``True`` unless it is still
+    going on. Not for the final words."""
     return state.built.wait(max(0.0, timeout_seconds))
 
 

@@ -151,8 +151,8 @@ def _final_words(event: Event, extra: dict[str, Any] | None = None) -> str | Non
     fields["attributes"].update(_attributes.encodable_attributes(extra, "logs") if extra else {})  # code.file.path
     ctx = _worker.attempt
     path = final_words.write(fields, ctx)
-    if path is None and pipeline.building():
-        pipeline.wait_built(FLUSH_TIMEOUT_MILLIS / 2000)
+    if path is None:
+        pipeline.wait_built(FLUSH_TIMEOUT_MILLIS / 2000)  # at once unless a build (or its READY callbacks) goes on
     logger = _worker.final_logger
     if pipeline.ready() is None or logger is None:
         return path
