@@ -269,6 +269,9 @@ def test(combination: Combination, log: Path) -> Result:
     if run(install, log, INSTALL_TIMEOUT, clean_env()) != 0:
         result.failed, result.summary = 1, "installing this clone failed"
         return result
+    # The package's bytecode, as pip writes it for a regular install (an editable one writes none, and under
+    # PYTHONDONTWRITEBYTECODE every bridged worker would compile the bridge's modules again at start-up).
+    run([python, "-m", "compileall", "-q", str(ROOT / "torchelastic_otel")], log, INSTALL_TIMEOUT, clean_env())
     start = log.stat().st_size
     code = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS], log, TEST_TIMEOUT, clean_env())
     with log.open("rb") as fh:

@@ -103,9 +103,12 @@ def envs(rx: OtlpReceiver, tmp: str) -> dict[str, dict[str, str]]:
     return {"plain": bench_job.base_env(), "live": bridged, "down": down}
 
 
-def worker_envs(rx: OtlpReceiver) -> dict[str, dict[str, str]]:
-    """What a plain and a bridged agent give a script worker (``bench_job.worker_env``)."""
-    live = bench_job.worker_env(rx, bridged=True)
+def worker_envs(rx: OtlpReceiver, tmp: str) -> dict[str, dict[str, str]]:
+    """What a plain and a bridged agent give a script worker (``bench_job.worker_env``); a bridged agent's workers
+    also get the directory where they leave what they could not send (``TORCHELASTIC_OTEL_FAILURE_DIR``)."""
+    failures = Path(tmp) / "failures"
+    failures.mkdir(exist_ok=True)
+    live = {**bench_job.worker_env(rx, bridged=True), "TORCHELASTIC_OTEL_FAILURE_DIR": str(failures)}
     return {
         "plain": bench_job.worker_env(rx, bridged=False),
         "live": live,
@@ -239,7 +242,7 @@ def main() -> int:
         launching = envs(rx, tmp)
         if "worker" in only:
             print("\n  1. worker alone (the environment each kind of agent gives it)", flush=True)
-            wenvs = worker_envs(rx)
+            wenvs = worker_envs(rx, tmp)
             counter = iter(range(10**6))
             results = alternate(args.rounds, lambda kind, _: worker_life(script, wenvs[kind], tmp, next(counter), kind))
             verdicts += report("worker alone", results, "life")

@@ -248,3 +248,29 @@ print(json.dumps({"started": pipeline.start_building()}))
         got = run(code, env)
         assert got["started"] is True
         assert rx.wait_for(lambda r: r.spans("app.after_ready"), timeout=30), rx.requests
+
+
+def test_a_worker_that_exits_mid_build_hands_its_span_over_and_stays_quiet(tmp_path: Any) -> None:
+    """A worker of a bridged agent (a failure directory in its environment) that exits while its pipeline is still
+    being built does not wait for the build: its span goes to the agent as a file. The abandoned build goes on in
+    its thread while the interpreter shuts down (here during the application's own slow exit handler), where its
+    steps fail; it must not print false configuration warnings ("ignoring OTEL_TRACES_SAMPLER (cannot schedule new
+    futures after interpreter shutdown)") into the worker's stderr. Without the fix 2 runs in 3 printed them."""
+    code = FIRST_LINE + (
+        "import atexit, time\n"
+        "atexit.register(time.sleep, 0.5)  # the application's own slow exit handler\n"
+        "print(json.dumps(first_line))\n"
+    )
+    env = worker_env(None, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_INSECURE="true",
+                     TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path))  # fmt: skip
+    handed = 0
+    for _ in range(4):
+        result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                                timeout=TIMEOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "torchelastic_otel" not in result.stderr, result.stderr[-3000:]
+        for file in tmp_path.glob("final-*.json"):
+            assert json.loads(file.read_text())["span"] == "torchelastic.worker.start"
+            handed += 1
+            file.unlink()
+    assert handed, "no worker exited mid-build: the case was not exercised"

@@ -49,6 +49,7 @@ from torchelastic_otel import _compat, _settings
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import bounded as _bounded
 from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._export import health as _health
 from torchelastic_otel._export import placeholders as _placeholders
 from torchelastic_otel._export import providers as _providers
 from torchelastic_otel._export.providers import DEFAULT_SERVICE_NAME
@@ -74,6 +75,18 @@ __all__ = [
 ]
 
 _logger = logging.getLogger("torchelastic_otel")
+
+
+class _QuietAbandoned(logging.Filter):
+    """An abandoned build goes on during the interpreter's shutdown, where its steps fail (the SDK's resource
+    detection submits to a thread pool that refuses work by then): what it would log is about a pipeline nobody
+    will use, and would reach a worker's stderr as a false configuration warning at every quick exit."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread not in state.abandoned
+
+
+_logger.addFilter(_QuietAbandoned())
 
 #: How long a thread that needs a provider waits for a pipeline being built before it gets a no-op one (counted).
 BUILD_WAIT_SECONDS = 30.0
@@ -119,13 +132,17 @@ class Pipeline:
         return ok
 
     def shutdown(self, timeout_millis: int = 5000) -> bool:
-        """Flush, then shut down the providers this pipeline built (never the application's), within the time."""
+        """Flush, then shut down the providers this pipeline built (never the application's), within the time.
+
+        The shutdown is not waited for once an export in flight is stuck (a backend down: the exporter sleeps
+        before its retry, and the processors' shutdown would wait for it): what it could still send has had its
+        chance in the flush, and a dying process need not stop its threads tidily."""
         deadline = time.monotonic() + timeout_millis / 1000
         self.flush(timeout_millis)
         remaining = max(0, int((deadline - time.monotonic()) * 1000))
         if _bounded.backend_down():
             remaining = min(remaining, _settings.DOWN_WAIT_MILLIS)
-        return _bounded.run_bounded(self._shutdown_owned, remaining) is not None
+        return _bounded.run_bounded(self._shutdown_owned, remaining, give_up=_health.health.stuck) is not None
 
     def _shutdown_owned(self) -> bool:
         for signal, provider in self.providers().items():
@@ -168,6 +185,9 @@ class _State:
         self.built = threading.Event()
         self.built.set()
         self.builder: threading.Thread | None = None
+        #: The builder threads whose build was abandoned (``abandon_build``): they stop at their next step and
+        #: log nothing (:class:`_QuietAbandoned`).
+        self.abandoned: set[int | None] = set()
         #: Bumped whenever the pipeline is replaced, so adapters re-resolve their cached loggers/meters.
         self.generation = [0]
         self.on_ready: list[Callable[[], Any]] = []
@@ -186,6 +206,7 @@ class _State:
         self.lock = threading.RLock()
         self.built = threading.Event()
         self.builder = None
+        self.abandoned = set()  # the parent's threads are not this process's
         if self.phase is Phase.BUILDING:
             self.phase = Phase.UNSET  # the placeholders stay: the first use builds, in that thread
         self.built.set()
@@ -281,6 +302,8 @@ def _build() -> Pipeline:
         return _noop_pipeline()
     try:
         return _from_environment()
+    except _Abandoned:
+        return _noop_pipeline()  # nobody waits for it: its result is not used
     except Exception as exc:
         # A broken configuration must not reach the job: log it and export nothing.
         _logger.warning("torchelastic_otel: could not configure OpenTelemetry from OTEL_*: %s", exc)
@@ -297,6 +320,16 @@ def _is_unset(provider: Any) -> bool:
     return isinstance(provider, _placeholders.Placeholder) or _compat.is_proxy_provider(provider)
 
 
+class _Abandoned(Exception):
+    """Raised in a builder thread whose build was abandoned, at its next step."""
+
+
+def _go_on() -> None:
+    """A step of a build: an abandoned build stops here (it must not set the global providers after the fact)."""
+    if threading.get_ident() in state.abandoned:
+        raise _Abandoned
+
+
 def _from_environment() -> Pipeline:
     """Reuse the global providers that are set; build (and set) the others from ``OTEL_*``."""
     tracer_provider = trace.get_tracer_provider()
@@ -311,11 +344,17 @@ def _from_environment() -> Pipeline:
         return Pipeline(tracer_provider, meter_provider, logger_provider)
     resource = _providers.resource()
     if missing["traces"]:
-        tracer_provider = _set_global("traces", _providers.build_tracer_provider(resource))
+        tracer_provider = _providers.build_tracer_provider(resource)
+        _go_on()
+        tracer_provider = _set_global("traces", tracer_provider)
     if missing["metrics"]:
-        meter_provider = _set_global("metrics", _providers.build_meter_provider(resource))
+        meter_provider = _providers.build_meter_provider(resource)
+        _go_on()
+        meter_provider = _set_global("metrics", meter_provider)
     if missing["logs"]:
-        logger_provider = _set_global("logs", _providers.build_logger_provider(resource))
+        logger_provider = _providers.build_logger_provider(resource)
+        _go_on()
+        logger_provider = _set_global("logs", logger_provider)
     return Pipeline(tracer_provider, meter_provider, logger_provider, owned=missing)
 
 
@@ -395,6 +434,8 @@ def abandon_build() -> bool:
     with state.lock:
         if state.phase is not Phase.BUILDING:
             return False
+        if state.builder is not None:
+            state.abandoned.add(state.builder.ident)
         state.builder = None
         state.on_ready.clear()
         state.enter(Phase.UNSET, None)
