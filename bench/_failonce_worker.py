@@ -7,6 +7,9 @@ rank 1) when the agent stops it with SIGTERM. Attempt 1: both ranks join, run a 
 each), record a "finished" event, destroy the group and leave with ``os._exit(0)`` after flushing stdout (after
 gloo, the interpreter may abort at exit).
 
+With ``--silent`` it records nothing at all (the common training script, as in issue 15: a bridged worker then
+has nothing of its own to flush; what it says goes through its final words and its output).
+
 Lines ``FAILONCE <what> rank=R attempt=A`` on stdout say how far each worker got.
 """
 
@@ -28,7 +31,12 @@ def mark(what: str, rank: int, attempt: int) -> None:
     sys.stdout.flush()
 
 
+SILENT = "--silent" in sys.argv[1:]
+
+
 def record(name: str, rank: int, attempt: int) -> None:
+    if SILENT:
+        return
     event = events.Event(name, events.EventSource.WORKER, metadata={"rank": rank, "attempt": attempt})
     events.record(event, "otel")
 
@@ -37,7 +45,8 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     record("bench.failonce.started", rank, attempt)
-    metrics.put_metric("bench.failonce.attempts", 1, "bench")
+    if not SILENT:
+        metrics.put_metric("bench.failonce.attempts", 1, "bench")
     if attempt == 0 and rank == 1:
         mark("failing", rank, attempt)
         sys.exit(1)
@@ -46,7 +55,8 @@ def main() -> None:
     for step in range(STEPS):
         tensor = torch.tensor([float(step + rank)])
         dist.all_reduce(tensor)
-        metrics.put_metric("bench.failonce.sum", int(tensor.item()), "bench")
+        if not SILENT:
+            metrics.put_metric("bench.failonce.sum", int(tensor.item()), "bench")
     record("bench.failonce.finished", rank, attempt)
     dist.destroy_process_group()
     mark("done", rank, attempt)

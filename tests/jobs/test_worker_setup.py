@@ -27,6 +27,7 @@ import pytest
 
 from tests.support import ROOT
 from tests.support.otlp_receiver import OtlpReceiver
+from torchelastic_otel import _compat
 from torchelastic_otel._install import AUTO_INSTALL_ENV, BOOTSTRAP_DIR
 
 pytest.importorskip("torch.distributed.elastic.events")
@@ -246,7 +247,9 @@ print(json.dumps({"started": pipeline.start_building()}))
         env = worker_env(rx, TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="10000")
         del env[AUTO_INSTALL_ENV]  # a plain interpreter: the build is the script's own
         got = run(code, env)
-        assert got["started"] is True
+        # Python 3.12.0-3.12.1 build at once, in the caller's thread (``_compat.threads_start_at_exit``): there the
+        # callback ran before the script's exit; the span must arrive all the same.
+        assert got["started"] is _compat.threads_start_at_exit()
         assert rx.wait_for(lambda r: r.spans("app.after_ready"), timeout=30), rx.requests
 
 
@@ -263,6 +266,8 @@ def test_a_worker_that_exits_mid_build_hands_its_span_over_and_stays_quiet(tmp_p
     )
     env = worker_env(None, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_INSECURE="true",
                      TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path))  # fmt: skip
+    if not _compat.threads_start_at_exit():
+        pytest.skip("this Python builds a worker's pipeline at once (3.12.0-3.12.1): no worker exits mid-build")
     handed = 0
     for _ in range(4):
         result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,

@@ -302,9 +302,9 @@ def _build() -> Pipeline:
         return _noop_pipeline()
     try:
         return _from_environment()
-    except _Abandoned:
-        return _noop_pipeline()  # nobody waits for it: its result is not used
     except Exception as exc:
+        if isinstance(exc, _Abandoned) or threading.get_ident() in state.abandoned:
+            return _noop_pipeline()  # nobody waits for it; it failed for the interpreter's shutdown, not its config
         # A broken configuration must not reach the job: log it and export nothing.
         _logger.warning("torchelastic_otel: could not configure OpenTelemetry from OTEL_*: %s", exc)
         selftelemetry.count(selftelemetry.DROPPED, "all", "pipeline_unavailable")
