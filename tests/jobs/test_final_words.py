@@ -294,3 +294,50 @@ def test_a_worker_that_exits_at_once_is_in_the_trace_without_waiting_for_its_pip
         attempts = {s["span_id"] for s in rx.spans("torchelastic.attempt")}
         assert sorted(s["attributes"]["torchelastic.global_rank"] for s in spans) == ["0", "1"], spans
         assert all(s["parent_span_id"] in attempts for s in spans), (spans, attempts)
+
+
+#: Rank 0 stands for a worker stopped inside an import: it holds the interpreter's import lock (what an import in
+#: progress holds, at any of torch's thousand imports) and waits in a sleep, the signal landing there. The
+#: script is bridge-unaware; rank 1 fails at once, so the agent SIGTERMs rank 0.
+_IN_AN_IMPORT = """
+import _imp, os, sys, time
+if os.environ["RANK"] == "1":
+    sys.exit(1)
+_imp.acquire_lock()
+print("rank 0 holds the import lock", flush=True)
+time.sleep(60)
+"""
+_STAMP = r"[IWE]\d{4} (\d\d):(\d\d):(\d\d\.\d+) "
+
+
+def _seconds_between(output: str, first: str, then: str) -> float:
+    a = re.search(_STAMP + r".*" + first, output)
+    assert a is not None, output[-3000:]
+    b = re.compile(_STAMP + r".*" + then).search(output, a.end())
+    assert b is not None, output[-3000:]
+    clock = [int(b.group(1)) * 3600 + int(b.group(2)) * 60 + float(b.group(3)) for b in (a, b)]
+    return clock[1] - clock[0]
+
+
+def test_a_rank_stopped_inside_an_import_dies_at_once_with_its_record() -> None:
+    """The final words run while the interrupted main thread may hold the import lock, so they import nothing:
+    once they did (``sysconfig`` loading its data module to tell the standard library's frames from the user's),
+    and such a rank died only at the end of the exit bound plus half a second (1.5 s by default; it took a worker
+    stopped while importing torch, about 1 SIGTERM in 50). With a 5 s bound: the rank dies of its SIGTERM within
+    2.5 s, and its ``torchelastic.worker.terminated`` record arrives (kept for its agent: its pipeline, whose
+    build needs imports too, was never ready)."""
+    with OtlpReceiver() as rx:
+        cmd = [sys.executable, "-m", "torchelastic_otel.run", "--standalone", "--nproc-per-node", "2",
+               "--monitor-interval", "0.1", "--no-python", sys.executable, "-c", _IN_AN_IMPORT]  # fmt: skip
+        env = job_env(rx, TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="5000")
+        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+        output = done.stdout + done.stderr
+        assert done.returncode == 1, output[-3000:]
+        assert "rank 0 holds the import lock" in output, output[-3000:]
+        assert FORCED_KILL not in output, output[-3000:]
+        assert _seconds_between(output, "closing signal SIGTERM", r"failed \(exitcode") < 2.5, output[-3000:]
+
+        def rank_0_terminated(r: OtlpReceiver) -> bool:
+            return any(rec["attributes"].get("torchelastic.global_rank") == "0" for rec in r.logs(TERMINATED))
+
+        assert rx.wait_for(rank_0_terminated, timeout=TELEMETRY_WAIT), rx.requests

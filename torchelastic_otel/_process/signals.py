@@ -145,14 +145,18 @@ class _Watcher:
         self._after(signum, frame, in_main_thread)
 
     def _final_words(self, main_frame: FrameType | None) -> None:
-        """Stacks, the terminated record and a flush -- all within the bound, in a helper thread."""
+        """Stacks, the terminated record and a flush -- all within the bound, in a helper thread (the stacks too:
+        whatever they need that the interrupted thread holds, the process's death is not held up past the bound)."""
         from torchelastic_otel._export.bounded import run_bounded
 
-        try:
-            stacks = _stacks.capture(main_frame)
-        except Exception:  # never in the way of the process's death
-            stacks = _stacks.Stacks("", 0, None)
-        run_bounded(lambda: _call_quietly(self.on_terminate, stacks), int(self.bound * 1000))
+        def words() -> bool:
+            try:
+                stacks = _stacks.capture(main_frame)
+            except Exception:  # never in the way of the process's death
+                stacks = _stacks.Stacks("", 0, None)
+            return _call_quietly(self.on_terminate, stacks)
+
+        run_bounded(words, int(self.bound * 1000))
 
     def _after(self, signum: int, frame: FrameType | None, in_main_thread: bool) -> None:
         current = signal.getsignal(signal.SIGTERM)

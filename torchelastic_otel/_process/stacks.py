@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import sysconfig
 import threading
 import traceback
 from dataclasses import dataclass
@@ -111,6 +110,10 @@ def _library_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
         module = sys.modules.get(name)
         for entry in getattr(module, "__path__", None) or ():
             packages.add(os.path.abspath(entry) + os.sep)
-    paths = sysconfig.get_paths()
-    stdlib = {os.path.abspath(paths[key]) + os.sep for key in ("stdlib", "platstdlib") if paths.get(key)}
-    return tuple(packages), tuple(stdlib)
+    return tuple(packages), _STDLIB
+
+
+#: The standard library's directory, from a module of it that is always loaded. Not ``sysconfig.get_paths()``: it
+#: imports ``_sysconfigdata_*`` on first use, and this runs on the SIGTERM path, where the interrupted main thread
+#: may hold the import lock (a worker stopped while importing torch waited the whole exit bound for it).
+_STDLIB = (os.path.dirname(os.path.abspath(os.__file__)) + os.sep,)
