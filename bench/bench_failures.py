@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import re
 import statistics
 import subprocess
 import sys
@@ -38,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.support.jobs import job_env  # noqa: E402
+from tests.support.jobs import FAILURE_REPORTED, SIGTERM_SENT, agent_log_seconds, job_env  # noqa: E402
 from tests.support.otlp_receiver import OtlpReceiver  # noqa: E402
 from tests.support.procs import stop_tree  # noqa: E402
 from tests.support.silent_collector import SilentCollector  # noqa: E402
@@ -48,23 +46,11 @@ ARGS = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monit
         str(WORKER), "--mode", "failonce"]  # fmt: skip
 KINDS = ("plain", "live", "down", "silent")
 JOB_TIMEOUT = 120.0
-_STAMP = r"[IWE](\d{4}) (\d\d:\d\d:\d\d\.\d+) "
-_SIGTERM_SENT = re.compile(_STAMP + r".*Sending process \d+ closing signal SIGTERM")
-_REPORTED = re.compile(_STAMP + r".*failed \(exitcode")
-
-
-def _seconds(match: re.Match[str]) -> float:
-    clock = datetime.datetime.strptime(match.group(2), "%H:%M:%S.%f")
-    return clock.hour * 3600 + clock.minute * 60 + clock.second + clock.microsecond / 1e6
 
 
 def sigterm_to_report(output: str) -> float | None:
     """Seconds from the first "closing signal SIGTERM" to the "failed (exitcode" line after it."""
-    sent = _SIGTERM_SENT.search(output)
-    if sent is None:
-        return None
-    reported = _REPORTED.search(output, sent.end())
-    return None if reported is None else _seconds(reported) - _seconds(sent)
+    return agent_log_seconds(output, SIGTERM_SENT, FAILURE_REPORTED)
 
 
 def run_job(kind: str, rx: OtlpReceiver, silent: SilentCollector, log: Path) -> tuple[float, int | None, str]:

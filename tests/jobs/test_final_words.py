@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, WORKERS
-from tests.support.jobs import job_env
+from tests.support.jobs import FAILURE_REPORTED, SIGTERM_SENT, agent_log_seconds, job_env
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.procs import Job
 from tests.support.silent_collector import SilentCollector
@@ -307,16 +307,6 @@ _imp.acquire_lock()
 print("rank 0 holds the import lock", flush=True)
 time.sleep(60)
 """
-_STAMP = r"[IWE]\d{4} (\d\d):(\d\d):(\d\d\.\d+) "
-
-
-def _seconds_between(output: str, first: str, then: str) -> float:
-    a = re.search(_STAMP + r".*" + first, output)
-    assert a is not None, output[-3000:]
-    b = re.compile(_STAMP + r".*" + then).search(output, a.end())
-    assert b is not None, output[-3000:]
-    clock = [int(b.group(1)) * 3600 + int(b.group(2)) * 60 + float(b.group(3)) for b in (a, b)]
-    return clock[1] - clock[0]
 
 
 def test_a_rank_stopped_inside_an_import_dies_at_once_with_its_record() -> None:
@@ -335,7 +325,8 @@ def test_a_rank_stopped_inside_an_import_dies_at_once_with_its_record() -> None:
         assert done.returncode == 1, output[-3000:]
         assert "rank 0 holds the import lock" in output, output[-3000:]
         assert FORCED_KILL not in output, output[-3000:]
-        assert _seconds_between(output, "closing signal SIGTERM", r"failed \(exitcode") < 2.5, output[-3000:]
+        stopped_in = agent_log_seconds(output, SIGTERM_SENT, FAILURE_REPORTED)
+        assert stopped_in is not None and stopped_in < 2.5, output[-3000:]
 
         def rank_0_terminated(r: OtlpReceiver) -> bool:
             return any(rec["attributes"].get("torchelastic.global_rank") == "0" for rec in r.logs(TERMINATED))

@@ -149,6 +149,17 @@ def _hold(prom: stack.Prometheus, name: str, ready: Any, expected: set[str], des
     )
 
 
+def prometheus_only_env(port: int) -> dict[str, str]:
+    """Metrics only, pulled by Prometheus from 127.0.0.1:``port`` (a worker's: ``port`` + 1 + its local rank)."""
+    return stack.clean_env(
+        OTEL_METRICS_EXPORTER="prometheus",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_EXPORTER_PROMETHEUS_HOST=stack.HOST,
+        OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
+    )
+
+
 @pytest.fixture(scope="module")
 def failing_job(tmp_path_factory: pytest.TempPathFactory) -> Any:
     binary = stack.prometheus_bin()
@@ -160,13 +171,7 @@ def failing_job(tmp_path_factory: pytest.TempPathFactory) -> Any:
     job: stack.Proc | None = None
     prom.start()
     try:
-        env = stack.clean_env(
-            OTEL_METRICS_EXPORTER="prometheus",
-            OTEL_TRACES_EXPORTER="none",
-            OTEL_LOGS_EXPORTER="none",
-            OTEL_EXPORTER_PROMETHEUS_HOST=stack.HOST,
-            OTEL_EXPORTER_PROMETHEUS_PORT=str(base),
-        )
+        env = prometheus_only_env(base)
         cmd = [
             sys.executable, stack.LAUNCHER, flags, "60",
             "--standalone", "--nnodes", "1:2", "--rdzv-conf", f"last_call_timeout={LAST_CALL_TIMEOUT}",
@@ -498,13 +503,7 @@ def test_a_scrape_after_flush_serves_each_series_once_with_its_current_value() -
     ``flush()`` must not collect the pull-only Prometheus reader: its collector would queue that snapshot and the
     next scrape would repeat every metric family with the stale value first (opentelemetry-python#2500)."""
     port = free_port()
-    env = stack.clean_env(
-        OTEL_METRICS_EXPORTER="prometheus",
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_LOGS_EXPORTER="none",
-        OTEL_EXPORTER_PROMETHEUS_HOST=stack.HOST,
-        OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
-    )
+    env = prometheus_only_env(port)
     result = subprocess.run(
         [sys.executable, "-c", _FLUSH_THEN_SCRAPE],
         env=env,

@@ -87,3 +87,21 @@ _REPORT_ENTRY = re.compile(
 def failure_report(output: str) -> dict[int, tuple[int, int, str]]:
     """rank -> (exit code, pid, the rest of the line, e.g. ``(SIGTERM)``) from torch's ChildFailedError report."""
     return {int(r): (int(code), int(pid), rest.strip()) for r, code, pid, rest in _REPORT_ENTRY.findall(output)}
+
+
+#: The stamp of torch's agent log lines: ``W1124 00:23:26.067000 <pid> <file>:<line>] ...``.
+_AGENT_STAMP = r"[IWE]\d{4} (\d\d):(\d\d):(\d\d\.\d+) "
+#: The agent stops the other workers of a failed group, then reports the failure once they are gone.
+SIGTERM_SENT = r"Sending process \d+ closing signal SIGTERM"
+FAILURE_REPORTED = r"failed \(exitcode"
+
+
+def agent_log_seconds(output: str, first: str, then: str) -> float | None:
+    """Seconds between the first agent log line matching ``first`` and the next one matching ``then`` (by the
+    lines' own time stamps); ``None`` if either is missing."""
+    a = re.search(_AGENT_STAMP + r".*" + first, output)
+    b = re.compile(_AGENT_STAMP + r".*" + then).search(output, a.end()) if a else None
+    if a is None or b is None:
+        return None
+    start, end = (int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3)) for m in (a, b))
+    return end - start

@@ -303,7 +303,7 @@ def _build() -> Pipeline:
     try:
         return _from_environment()
     except Exception as exc:
-        if isinstance(exc, _Abandoned) or threading.get_ident() in state.abandoned:
+        if threading.get_ident() in state.abandoned:  # _Abandoned, or a step that failed after the abandon
             return _noop_pipeline()  # nobody waits for it; it failed for the interpreter's shutdown, not its config
         # A broken configuration must not reach the job: log it and export nothing.
         _logger.warning("torchelastic_otel: could not configure OpenTelemetry from OTEL_*: %s", exc)
@@ -343,19 +343,18 @@ def _from_environment() -> Pipeline:
     if not any(missing.values()):
         return Pipeline(tracer_provider, meter_provider, logger_provider)
     resource = _providers.resource()
-    if missing["traces"]:
-        tracer_provider = _providers.build_tracer_provider(resource)
-        _go_on()
-        tracer_provider = _set_global("traces", tracer_provider)
-    if missing["metrics"]:
-        meter_provider = _providers.build_meter_provider(resource)
-        _go_on()
-        meter_provider = _set_global("metrics", meter_provider)
-    if missing["logs"]:
-        logger_provider = _providers.build_logger_provider(resource)
-        _go_on()
-        logger_provider = _set_global("logs", logger_provider)
-    return Pipeline(tracer_provider, meter_provider, logger_provider, owned=missing)
+    providers = {"traces": tracer_provider, "metrics": meter_provider, "logs": logger_provider}
+    builders = {
+        "traces": _providers.build_tracer_provider,
+        "metrics": _providers.build_meter_provider,
+        "logs": _providers.build_logger_provider,
+    }
+    for signal in _SIGNALS:
+        if missing[signal]:
+            built = builders[signal](resource)
+            _go_on()
+            providers[signal] = _set_global(signal, built)
+    return Pipeline(providers["traces"], providers["metrics"], providers["logs"], owned=missing)
 
 
 def _set_global(signal: str, provider: Any) -> Any:
