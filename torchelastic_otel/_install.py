@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from torchelastic_otel import _settings, pipeline
+from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel._process import runtime  # noqa: F401 - runtime: the process hooks follow the pipeline
 from torchelastic_otel._torch import torch_bridge
 from torchelastic_otel._torch.worker_env import is_torchrun_worker, prepend_env_path, set_env
@@ -39,6 +40,17 @@ _patches: Any = None
 
 def is_installed() -> bool:
     return _patches is not None
+
+
+def _start_worker_build() -> None:
+    """A worker's pipeline is built in a thread of its own. Where its agent sends what the worker leaves behind
+    (``TORCHELASTIC_OTEL_FAILURE_DIR``), the build waits until something is recorded or
+    ``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS`` are over (``pipeline.start_building``); elsewhere it starts at once,
+    so that the worker's own final words find a pipeline."""
+    if _settings.FAILURE_DIR.get():
+        pipeline.start_building(_settings.SETUP_DELAY.get() / 1000, _drainer.pending)
+    else:
+        pipeline.start_building()
 
 
 def _agent_loaded() -> bool:
@@ -67,7 +79,7 @@ def install(
             return False
         explicit = tracer_provider is not None or meter_provider is not None or logger_provider is not None
         if not explicit and is_torchrun_worker():
-            pipeline.start_building()  # in a thread of its own, from the first moment, beside the script's imports
+            _start_worker_build()
         in_worker = is_torchrun_worker()
         if not torch_bridge.torch_available(import_now=not in_worker):
             return False

@@ -121,6 +121,13 @@ EXPORT_STALL = _setting(Setting(
     "TORCHELASTIC_OTEL_EXPORT_STALL_MILLIS", 2000, _millis,
     "A flush gives up on an export in flight this long (or retrying), so a dead collector never holds the job up.",
 ))  # fmt: skip
+SETUP_DELAY = _setting(Setting(
+    "TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS", 2000, _millis,
+    "How long a worker of a bridged agent that has recorded nothing waits before it builds its exporters (some "
+    "0.15 s of CPU, which would slow the script's own imports). Whatever it records -- a span, an event, a metric, "
+    "a log record -- starts the build at once; a worker that ends sooner builds nothing, its agent sends its "
+    "`torchelastic.worker.start` span and its final records. `0`: build at start-up.",
+))  # fmt: skip
 FORK_WAIT = _setting(Setting(
     "TORCHELASTIC_OTEL_FORK_WAIT_MILLIS", 1000, _millis,
     "How long a `fork()` waits for the bridge's exports in flight (gRPC is not fork-safe mid-call).",

@@ -234,6 +234,11 @@ def test_records_the_agent_sent_say_so_and_keep_the_workers_trace(runner: Runner
             if record["attributes"].get("torchelastic.delivered_by") == "agent":
                 sent_by_agent.append(record)
                 assert record.get("trace_id") in trace_ids, record
+                # under its worker's resource, as if the worker had sent it
+                resource = record["resource"]
+                assert resource["torchelastic.process.kind"] == "worker", record
+                assert str(resource["torchelastic.rank"]) == str(record["attributes"]["torchelastic.global_rank"])
+                assert resource["process.pid"] != outcome.job.proc.pid, record
         keys = [(r.get("event_name"), r["attributes"].get("torchelastic.global_rank"), r.get("time_unix_nano"))
                 for r in outcome.logs if r["attributes"].get("torchelastic.delivered_by") == "agent"]  # fmt: skip
         assert len(keys) == len(set(keys)), keys
@@ -272,7 +277,7 @@ def test_the_report_puts_a_record_the_agent_sent_on_its_worker(tmp_path: Path, m
     assert final_words.write(event_adapter.to_log_fields(event, facts.start + 3_000_000_000)) is not None
     agent = Process(files, "agent-delivery", {"torchelastic.run_id": facts.run_id, "torchelastic.process.kind": "agent",
                                               "host.name": "node0", "process.pid": 100})  # fmt: skip
-    assert final_words.deliver(str(kept), agent.logger) == 1
+    assert final_words.deliver(str(kept), agent) == 1  # providers the bridge did not build: the agent's resource
     agent.close()
     assert not list(kept.iterdir())  # sent once: the kept file is gone
     (job,) = model.build(otlpjson.read([files]))
@@ -332,3 +337,69 @@ def test_a_rank_stopped_inside_an_import_dies_at_once_with_its_record() -> None:
             return any(rec["attributes"].get("torchelastic.global_rank") == "0" for rec in r.logs(TERMINATED))
 
         assert rx.wait_for(rank_0_terminated, timeout=TELEMETRY_WAIT), rx.requests
+
+
+def test_what_the_agent_sends_for_a_worker_carries_the_worker_resource(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker process (a real interpreter with torchrun's worker environment) leaves a terminated record and its
+    start span for its agent; the agent's providers (built by the bridge, exporting over OTLP/gRPC to a receiver on
+    127.0.0.1) send them under the worker's resource: its rank, its pid, ``torchelastic.process.kind=worker`` --
+    and the agent's other resource attributes (``OTEL_RESOURCE_ATTRIBUTES``, ``service.name``), not its pid."""
+    import json
+    import os
+    import types
+
+    from torchelastic_otel._export import providers
+    from torchelastic_otel._torch import final_words
+
+    worker = r"""
+import json, os, time
+from torchelastic_otel._torch import final_words
+from torchelastic_otel.events import _otel as event_adapter
+from torchelastic_otel.events.api import Event, EventSource
+event = Event("torchelastic.worker.terminated", EventSource.WORKER, metadata={"state": "TERMINATED", "global_rank": 3})
+assert final_words.write(event_adapter.to_log_fields(event)) is not None
+assert final_words.write_span("torchelastic.worker.start", time.time_ns() - 1000, time.time_ns(), {"a": "b"})
+print(os.getpid())
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_", "RANK"))}
+    env.update(RANK="3", LOCAL_RANK="1", WORLD_SIZE="4", TORCHELASTIC_RUN_ID="delivery", ROLE_NAME="trainer",
+               TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", worker], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    worker_pid = int(done.stdout.split()[-1])
+    assert len(list(tmp_path.glob("final-*.json"))) == 2
+    assert json.loads(next(tmp_path.glob("final-*.json")).read_text())["resource"]["process.pid"] == worker_pid
+
+    with OtlpReceiver() as rx:
+        for key in [k for k in os.environ if k.startswith(("OTEL_", "TORCHELASTIC_"))]:
+            monkeypatch.delenv(key)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.grpc_endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=delivery-test")
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "delivery")
+        resource = providers.resource()
+        agent = types.SimpleNamespace(
+            logger_provider=providers.build_logger_provider(resource),
+            tracer_provider=providers.build_tracer_provider(resource),
+        )
+        try:
+            assert final_words.deliver(str(tmp_path), agent) == 2
+            agent.logger_provider.force_flush()
+            agent.tracer_provider.force_flush()
+            both = lambda r: r.logs("torchelastic.worker.terminated") and r.spans("torchelastic.worker.start")  # noqa: E731
+            assert rx.wait_for(both, timeout=TELEMETRY_WAIT)
+        finally:
+            agent.logger_provider.shutdown()
+            agent.tracer_provider.shutdown()
+        for item in (rx.logs("torchelastic.worker.terminated")[0], rx.spans("torchelastic.worker.start")[0]):
+            got = item["resource"]
+            assert got["process.pid"] == worker_pid != os.getpid(), got
+            assert got["torchelastic.rank"] == 3 and got["torchelastic.local_rank"] == 1, got
+            assert got["torchelastic.process.kind"] == "worker" and got["torchelastic.role"] == "trainer", got
+            assert got["deployment.environment"] == "delivery-test", got
+            assert got["service.name"] == resource.attributes["service.name"], got
+            assert item["attributes"]["torchelastic.delivered_by"] == "agent"
+    assert not list(tmp_path.glob("final-*.json"))

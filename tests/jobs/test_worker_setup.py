@@ -1,4 +1,4 @@
-"""A torchrun worker builds its pipeline at start-up, in a thread of its own (``pipeline.start_building``).
+"""A torchrun worker builds its pipeline in a thread of its own, from start-up (``pipeline.start_building``).
 
 Each test starts a real interpreter with torchrun's worker environment and the bridge's bootstrap
 ``sitecustomize`` (exactly what a bridged agent gives its workers), exporting over real OTLP/gRPC to a receiver on
@@ -12,7 +12,9 @@ Each test starts a real interpreter with torchrun's worker environment and the b
 - an application that sets its own tracer provider during start-up gets the bridge's telemetry in it;
 - with a Prometheus exporter the pipeline is built before the script starts: the endpoint is up at its first line;
 - a worker that exits at once still delivers its span and its event (the build is waited for, bounded, before
-  the interpreter refuses new threads).
+  the interpreter refuses new threads);
+- a worker of a bridged agent (a failure directory: the agent sends what it leaves behind) defers the build until
+  it records something or ``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS`` are over, and one that ends sooner never builds.
 """
 
 from __future__ import annotations
@@ -138,8 +140,9 @@ events.record(events.Event("trainer.started", events.EventSource.WORKER, metadat
 
 
 def test_a_worker_that_records_nothing_is_set_up_at_once() -> None:
-    """No first use to wait for: the worker span goes out by the batch processor alone (the process ends with
-    ``os._exit``, so no flush or exit handler sent it)."""
+    """No first use to wait for, and no agent to send its span (no failure directory): the build starts at once
+    and the worker span goes out by the batch processor alone (the process ends with ``os._exit``, so no flush or
+    exit handler sent it)."""
     code = FIRST_LINE
     with OtlpReceiver() as rx:
         got, arrived = run_until_received(code, worker_env(rx), rx, lambda r: len(worker_start(r)) == 1)
@@ -265,7 +268,8 @@ def test_a_worker_that_exits_mid_build_hands_its_span_over_and_stays_quiet(tmp_p
         "print(json.dumps(first_line))\n"
     )
     env = worker_env(None, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_INSECURE="true",
-                     TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path))  # fmt: skip
+                     TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path),
+                     TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS="0")  # build at once: the exit lands mid-build  # fmt: skip
     if not _compat.threads_start_at_exit():
         pytest.skip("this Python builds a worker's pipeline at once (3.12.0-3.12.1): no worker exits mid-build")
     handed = 0
@@ -279,3 +283,73 @@ def test_a_worker_that_exits_mid_build_hands_its_span_over_and_stays_quiet(tmp_p
             handed += 1
             file.unlink()
     assert handed, "no worker exited mid-build: the case was not exercised"
+
+
+#: What a worker of a bridged agent has of the SDK: ``sdk`` is whether any of its modules was imported.
+SDK_STATE = r"""
+def sdk_state():
+    return {"phase": pipeline.state.phase.value, "sdk": any(m.startswith("opentelemetry.sdk") for m in sys.modules)}
+"""
+
+
+def test_a_worker_of_a_bridged_agent_builds_nothing_until_it_records(tmp_path: Any) -> None:
+    """With an agent to send what it leaves behind (a failure directory), a worker defers its build: its start-up
+    imports neither the SDK nor an exporter, in any thread, until it records something -- then the build starts at
+    once (the delay here is a minute), in the background, and the event and the worker span arrive."""
+    code = (
+        FIRST_LINE
+        + SDK_STATE
+        + r"""
+import time
+time.sleep(0.5)  # the script's own start-up: the builder thread waits meanwhile
+first_line["before"] = sdk_state()
+from torchelastic_otel import events
+events.record(events.Event("trainer.first", events.EventSource.WORKER), destination="otel")
+deadline = time.monotonic() + 60
+while pipeline.state.phase.value != "ready" and time.monotonic() < deadline:
+    time.sleep(0.05)
+first_line["after"] = sdk_state()
+"""
+    )
+    with OtlpReceiver() as rx:
+        env = worker_env(rx, TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path), TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS="60000")
+        got, arrived = run_until_received(code, env, rx, lambda r: r.logs("trainer.first") and worker_start(r))
+        assert got["phase"] == "building" and got["builder"], got
+        assert got["before"] == {"phase": "building", "sdk": False}, got
+        assert got["after"] == {"phase": "ready", "sdk": True}, got
+        assert arrived, rx.requests
+    assert not list(tmp_path.glob("final-*.json"))  # the worker sent its span itself
+
+
+def test_a_worker_of_a_bridged_agent_that_records_nothing_builds_once_the_delay_is_over(tmp_path: Any) -> None:
+    """A silent worker builds after ``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS`` all the same, so a long-lived rank's
+    own span goes out (and its final words later find a pipeline)."""
+    code = FIRST_LINE + SDK_STATE + "first_line['before'] = sdk_state()\n"
+    with OtlpReceiver() as rx:
+        env = worker_env(rx, TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path), TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS="300")
+        got, arrived = run_until_received(code, env, rx, lambda r: len(worker_start(r)) == 1)
+        assert got["before"] == {"phase": "building", "sdk": False}, got
+        assert arrived, rx.requests
+        assert "torchelastic.delivered_by" not in worker_start(rx)[0]["attributes"]
+
+
+def test_a_worker_of_a_bridged_agent_that_ends_early_builds_nothing(tmp_path: Any) -> None:
+    """A worker that ends within the delay, having recorded nothing, never builds (no SDK import even at exit, no
+    output on stderr): its start span is left for the agent."""
+    code = (
+        FIRST_LINE
+        + SDK_STATE
+        + r"""
+import atexit
+atexit.register(lambda: print(json.dumps(sdk_state()), flush=True))  # runs after the bridge's exit hooks
+"""
+    )
+    env = worker_env(None, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_INSECURE="true",
+                     TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path))  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=TIMEOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"phase": "unset", "sdk": False}, result.stdout
+    assert result.stderr == "", result.stderr[-3000:]
+    files = list(tmp_path.glob("final-*.json"))
+    assert [json.loads(f.read_text())["span"] for f in files] == ["torchelastic.worker.start"]

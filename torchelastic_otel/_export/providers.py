@@ -217,6 +217,45 @@ def build_logger_provider(resource: Any) -> Any:
     return provider
 
 
+def with_resource(provider: Any, signal: str, attributes: dict[str, Any]) -> Any:
+    """A provider like ``provider`` (traces or logs) whose telemetry carries another process's resource: a
+    worker's, for what its agent sends for it (``_torch.final_words``). Its resource is ``provider``'s less the
+    ``process.*`` attributes, with ``attributes`` (the worker's torchrun attributes and pid) over it. It shares the
+    processors of ``provider``, so what it makes leaves in the same batches through the same exporters, and it is
+    never shut down itself. ``provider`` itself where the bridge did not build it (an application's processors are
+    the application's), or where this fails (counted)."""
+    processors = getattr(provider, "_torchelastic_processors", None)
+    if not attributes or not processors:
+        return provider
+    try:
+        from opentelemetry.sdk.resources import Resource
+
+        own = getattr(provider, "resource", None)  # a TracerProvider's; a LoggerProvider's loggers carry it
+        if own is None:
+            own = provider.get_logger("torchelastic_otel").resource
+        base = {k: v for k, v in own.attributes.items() if not str(k).startswith("process.")}
+        resource = Resource({**base, **attributes})
+        if signal == "traces":
+            from opentelemetry.sdk.trace import TracerProvider
+
+            tracers = TracerProvider(resource=resource, shutdown_on_exit=False,
+                                     sampler=getattr(provider, "sampler", None),
+                                     id_generator=getattr(provider, "id_generator", None))  # fmt: skip
+            for processor in processors:
+                tracers.add_span_processor(processor)
+            return tracers
+        from opentelemetry.sdk._logs import LoggerProvider
+
+        loggers = LoggerProvider(resource=resource, shutdown_on_exit=False)
+        for processor in processors:
+            loggers.add_log_record_processor(processor)
+        return loggers
+    except Exception:
+        selftelemetry.count(selftelemetry.SANITIZED, signal, "worker_resource_unavailable")
+        _logger.debug("torchelastic_otel: a worker's resource could not be used", exc_info=True)
+        return provider
+
+
 class _Bounded:
     """Mixed into the SDK's provider classes for the providers the bridge builds: ``force_flush`` and ``shutdown``
     return in time (``_export.bounded.bounded_flush``) whoever calls them -- the bridge's exit paths or user code

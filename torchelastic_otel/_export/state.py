@@ -20,9 +20,13 @@ Its life (:class:`Phase`), every transition written here and nowhere else::
     BUILDING --fork, in the child (the building thread did not survive it)----------------> UNSET
     any      --shutdown(): the bridge's providers flushed and shut down-------------------> UNSET
 
-Why a worker builds in a thread of its own, at once: importing the SDK and the OTLP exporters and building the providers
-costs 150-250 ms, which must not be added to the script's start-up; and a rank that fails in its first second must still
-lose nothing, so the pipeline is ready as early as it can be. While it is BUILDING, placeholders
+Why a worker builds in a thread of its own, and when: importing the SDK and the OTLP exporters and building the
+providers costs 150-250 ms of CPU, which must not be added to the script's start-up -- and a thread of the same
+process adds it all the same, under the GIL, to the script's own imports (measured: +0.18 s on a worker's ``import
+torch``). So a worker of a bridged agent defers the build (``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS``) until it records
+something or asks for a provider, or the delay is over; a rank that fails sooner loses nothing, because its final
+words and its start span never needed its pipeline: its agent sends them. Elsewhere the thread builds at once. While
+it is BUILDING (waiting or building), placeholders
 (``_export.placeholders``) stand in for the global providers; whoever asks one for a tracer, meter or logger waits for
 the build. The final words of a process (SIGTERM, an uncaught exception) never build and never wait: they take
 :func:`ready` (no lock, no import) and, when it says ``None``, leave their record where the agent reads it.
@@ -185,6 +189,9 @@ class _State:
         self.built = threading.Event()
         self.built.set()
         self.builder: threading.Thread | None = None
+        #: Set when a deferred build is needed now (:func:`start_building`'s ``delay_seconds``): something asked
+        #: for the pipeline or waits for it.
+        self.go = threading.Event()
         #: The builder threads whose build was abandoned (``abandon_build``): they stop at their next step and
         #: log nothing (:class:`_QuietAbandoned`).
         self.abandoned: set[int | None] = set()
@@ -206,6 +213,7 @@ class _State:
         self.lock = threading.RLock()
         self.built = threading.Event()
         self.builder = None
+        self.go = threading.Event()
         self.abandoned = set()  # the parent's threads are not this process's
         if self.phase is Phase.BUILDING:
             self.phase = Phase.UNSET  # the placeholders stay: the first use builds, in that thread
@@ -283,6 +291,7 @@ def get_pipeline() -> Pipeline:
         return current
     for _ in range(3):  # the phase may change while waiting; three turns cover every sequence of transitions
         if state.phase is Phase.BUILDING:
+            state.go.set()
             if threading.current_thread() is state.builder or not state.built.wait(BUILD_WAIT_SECONDS):
                 selftelemetry.count(selftelemetry.DROPPED, "all", "pipeline_unavailable")
                 return _noop_pipeline()
@@ -389,8 +398,14 @@ def _pulls_metrics() -> bool:
     return "prometheus" in os.environ.get(_providers.SIGNAL_ENV["metrics"], "").lower()
 
 
-def start_building() -> bool:
-    """Build the pipeline now, in a daemon thread (a worker's ``install()``): ``True`` if it started.
+def start_building(delay_seconds: float = 0.0, wanted: Callable[[], bool] | None = None) -> bool:
+    """Build the pipeline in a daemon thread (a worker's ``install()``): ``True`` if that thread started.
+
+    With ``delay_seconds``, the thread first waits until the pipeline is needed -- asked for (a placeholder's
+    first use, :func:`wait_built`), ``wanted()`` (polled: something was recorded), or the delay is over. A worker
+    whose agent sends what it leaves behind (its start span, its final words) defers so: the build's 0.15-0.2 s of
+    CPU, which runs under the GIL beside the script's own imports, is then paid neither by a worker that ends
+    early nor during its start-up.
 
     Not with a Prometheus exporter (its endpoint must be serving once ``install()`` returns), nor where no thread
     can start while the interpreter exits (CPython 3.12.0-3.12.1, ``_compat.threads_start_at_exit``: a worker
@@ -404,15 +419,28 @@ def start_building() -> bool:
         if _pulls_metrics() or not _compat.threads_start_at_exit():
             _ready(_build())
             return False
-        builder = threading.Thread(target=_build_in_background, name="torchelastic-otel-setup", daemon=True)
+        builder = threading.Thread(
+            target=_build_in_background, args=(delay_seconds, wanted), name="torchelastic-otel-setup", daemon=True
+        )
         state.builder = builder
+        state.go = threading.Event()
+        if delay_seconds <= 0:
+            state.go.set()
         state.enter(Phase.BUILDING, None)
         builder.start()
     _notify(Phase.BUILDING)
     return True
 
 
-def _build_in_background() -> None:
+#: How often a deferred build looks whether something was recorded meanwhile.
+NEED_POLL_SECONDS = 0.1
+
+
+def _build_in_background(delay_seconds: float = 0.0, wanted: Callable[[], bool] | None = None) -> None:
+    _await_need(state.go, delay_seconds, wanted)
+    with state.lock:
+        if state.phase is not Phase.BUILDING or state.builder is not threading.current_thread():
+            return  # abandoned, or setup() / shutdown() came first: nothing to build
     pipeline = _build()
     with state.lock:
         if state.phase is not Phase.BUILDING or state.builder is not threading.current_thread():
@@ -421,9 +449,25 @@ def _build_in_background() -> None:
         _ready(pipeline)
 
 
+def _await_need(go: threading.Event, delay_seconds: float, wanted: Callable[[], bool] | None) -> None:
+    """Return once ``go`` is set, ``wanted()`` holds (or fails) or ``delay_seconds`` have passed."""
+    deadline = time.monotonic() + delay_seconds
+    while not go.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            if wanted is not None and wanted():
+                return
+        except Exception:
+            return
+        go.wait(min(NEED_POLL_SECONDS, left))
+
+
 def wait_built(timeout_seconds: float) -> bool:
-    """Wait (bounded) for a build in progress and what waited for it (``_ready``); ``True`` unless it is still
-    going on. Not for the final words."""
+    """Wait (bounded) for a build in progress -- starting a deferred one -- and what waited for it (``_ready``);
+    ``True`` unless it is still going on. Not for the final words."""
+    state.go.set()
     return state.built.wait(max(0.0, timeout_seconds))
 
 

@@ -7,7 +7,9 @@ silent. So each is first written here, to a file in the directory the agent hand
 (``TORCHELASTIC_OTEL_FAILURE_DIR``; plain ``os`` calls, no lock, no import), then sent through the worker's
 pipeline if it is READY; once a flush confirms it went out, the file is removed. What is left when the worker is
 gone, the agent sends (:func:`deliver`), with ``torchelastic.delivered_by="agent"``: a record may then arrive
-twice (sent, but not confirmed in time), never not at all.
+twice (sent, but not confirmed in time), never not at all. Each file names the worker's resource (its torchrun
+attributes and pid: ``resource.torchrun_attributes``, no SDK needed), and the agent sends the record under it, through
+its own exporters: in the backend the record is the worker's, as if the worker had sent it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from opentelemetry import trace
 
 from torchelastic_otel import _names as names
 from torchelastic_otel import _settings
+from torchelastic_otel.resource import torchrun_attributes
 
 __all__ = ["write", "write_span", "delivered", "deliver", "DIR_ENV"]
 
@@ -45,6 +48,7 @@ def write(fields: dict[str, Any], ctx: Any = None) -> str | None:
         return None
     try:
         data = {key: _plain(value) for key, value in fields.items()}
+        data["resource"] = torchrun_attributes()
         span_context = trace.get_current_span(ctx).get_span_context() if ctx is not None else None
         if span_context is not None and span_context.is_valid:
             data["trace_id"], data["span_id"] = span_context.trace_id, span_context.span_id
@@ -83,11 +87,13 @@ def delivered(path: str | None) -> None:
 # ---- agent side -----------------------------------------------------------------------------------------------
 
 
-def deliver(directory: str | None, logger: Any, tracer: Any = None) -> int:
-    """Send the final words the workers of ``directory`` left behind through ``logger`` and ``tracer`` (the
-    agent's) and remove them; how many were sent. Never raises (a damaged file is removed and counted)."""
+def deliver(directory: str | None, current: Any) -> int:
+    """Send the final words the workers of ``directory`` left behind through the agent's pipeline ``current``,
+    each under its worker's resource, and remove them; how many were sent. Never raises (a damaged file is removed
+    and counted)."""
     if not directory:
         return 0
+    sources = _Sources(current)
     try:
         files = sorted(name for name in os.listdir(directory) if name.startswith(_PREFIX) and name.endswith(".json"))
     except OSError:
@@ -96,7 +102,7 @@ def deliver(directory: str | None, logger: Any, tracer: Any = None) -> int:
     for name in files:
         path = os.path.join(directory, name)
         try:
-            sent += _send(path, logger, tracer)
+            sent += _send(path, sources)
         except Exception:
             from torchelastic_otel import _selftelemetry as selftelemetry
 
@@ -107,16 +113,38 @@ def deliver(directory: str | None, logger: Any, tracer: Any = None) -> int:
     return sent
 
 
-def _send(path: str, logger: Any, tracer: Any) -> int:
+class _Sources:
+    """The agent's logger and tracer for a worker's resource (one pair per resource, for one delivery)."""
+
+    def __init__(self, current: Any) -> None:
+        self.current = current
+        self.made: dict[Any, tuple[Any, Any]] = {}
+
+    def get(self, resource: Any) -> tuple[Any, Any]:
+        attributes = resource if isinstance(resource, dict) else {}
+        key = tuple(sorted((str(k), repr(v)) for k, v in attributes.items()))
+        if key not in self.made:
+            from torchelastic_otel._export import providers
+            from torchelastic_otel.version import __version__
+
+            logger_provider = providers.with_resource(self.current.logger_provider, "logs", attributes)
+            tracer_provider = providers.with_resource(self.current.tracer_provider, "traces", attributes)
+            self.made[key] = (
+                logger_provider.get_logger("torchelastic_otel.worker", __version__),
+                tracer_provider.get_tracer("torchelastic_otel", __version__),  # the worker's own scopes
+            )
+        return self.made[key]
+
+
+def _send(path: str, sources: _Sources) -> int:
     with open(path, encoding="utf-8", errors="replace") as fh:
         data = json.loads(fh.read(MAX_BYTES))
     if not isinstance(data, dict) or not isinstance(data.get("attributes"), dict):
         raise ValueError("not a record")
+    logger, tracer = sources.get(data.get("resource"))
     attributes = dict(data["attributes"])
     attributes[names.DELIVERED_BY] = "agent"
     if "span" in data:
-        if tracer is None:
-            return 0
         span = tracer.start_span(str(data["span"]), context=_context(data), start_time=_int(data.get("start")),
                                  attributes=attributes)  # fmt: skip
         span.end(end_time=_int(data.get("end")))

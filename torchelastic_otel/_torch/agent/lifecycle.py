@@ -321,8 +321,7 @@ def _wrap_monitor(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 def _deliver_final_words() -> None:
     """What stopped or failed workers could not send themselves (``final_words``), sent now that they are gone."""
-    logger = pipeline.get_pipeline().logger_provider.get_logger("torchelastic_otel.worker", __version__)
-    final_words.deliver(root_cause.failure_dir(), logger, _tracer())
+    final_words.deliver(root_cause.failure_dir(), pipeline.get_pipeline())
 
 
 def _observe_monitor(agent: Any, worker_group: Any, result: Any) -> None:
