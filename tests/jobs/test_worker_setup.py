@@ -362,3 +362,76 @@ atexit.register(lambda: print(json.dumps(sdk_state()), flush=True))  # runs afte
     assert result.stderr == "", result.stderr[-3000:]
     files = list(tmp_path.glob("final-*.json"))
     assert [json.loads(f.read_text())["span"] for f in files] == ["torchelastic.worker.start"]
+
+
+@needs_a_deferred_build
+def test_a_worker_that_logs_and_ends_early_leaves_its_records_to_its_agent(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker of a bridged agent that logs (Python ``logging``, an exception too) and records an event, then
+    ends before its pipeline was built, does not wait for the build: its records are kept for its agent, which
+    sends them through its own exporters (here: the bridge's providers over OTLP/gRPC to a receiver on 127.0.0.1)
+    as OpenTelemetry's logging handler would have -- body, severity, ``code.*``, ``exception.*`` -- under the
+    worker's resource and the agent's attempt span."""
+    import types
+
+    from torchelastic_otel._export import providers
+    from torchelastic_otel._torch import final_words
+
+    code = (
+        FIRST_LINE
+        + SDK_STATE
+        + r"""
+import atexit, logging
+logging.basicConfig(level=logging.INFO)
+logging.getLogger("trainer").warning("about to fail on %s", "rank 1")
+try:
+    raise ValueError("bad batch")
+except ValueError:
+    logging.getLogger("trainer").exception("step failed")
+from torchelastic_otel import events
+events.record(events.Event("trainer.early", events.EventSource.WORKER), destination="otel")
+atexit.register(lambda: print(json.dumps(sdk_state()), flush=True))  # runs after the bridge's exit hooks
+"""
+    )
+    env = worker_env(None, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_INSECURE="true",
+                     TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path))  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=TIMEOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"phase": "unset", "sdk": False}, result.stdout
+    assert len(list(tmp_path.glob("final-*.json"))) == 4  # the span, two log records, the event
+
+    with OtlpReceiver() as rx:
+        for key in [k for k in os.environ if k.startswith(("OTEL_", "TORCHELASTIC_"))]:
+            monkeypatch.delenv(key)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.grpc_endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        resource = providers.resource()
+        agent = types.SimpleNamespace(
+            logger_provider=providers.build_logger_provider(resource),
+            tracer_provider=providers.build_tracer_provider(resource),
+        )
+        try:
+            assert final_words.deliver(str(tmp_path), agent) == 4
+            agent.logger_provider.force_flush()
+            agent.tracer_provider.force_flush()
+            arrived = lambda r: len(r.logs()) >= 3 and worker_start(r)  # noqa: E731
+            assert rx.wait_for(arrived, timeout=30), rx.requests
+        finally:
+            agent.logger_provider.shutdown()
+            agent.tracer_provider.shutdown()
+        by_body = {str(r["body"]): r for r in rx.logs()}
+        warning, failed = by_body["about to fail on rank 1"], by_body["step failed"]
+        line = 1 + next(i for i, text in enumerate(code.splitlines()) if "about to fail" in text)
+        assert warning["severity_number"] == 13 and warning["attributes"]["code.line.number"] == line, warning
+        assert failed["attributes"]["exception.type"] == "ValueError", failed
+        assert failed["attributes"]["exception.message"] == "bad batch", failed
+        assert "ValueError: bad batch" in failed["attributes"]["exception.stacktrace"], failed
+        assert rx.logs("trainer.early"), rx.logs()
+        for record in (warning, failed, rx.logs("trainer.early")[0]):
+            assert record["attributes"]["torchelastic.delivered_by"] == "agent", record
+            assert record["resource"]["torchelastic.rank"] == 1, record
+            assert record["trace_id"] == "0af7651916cd43dd8448eb211c80319c", record  # the agent's attempt
+    assert not list(tmp_path.glob("final-*.json"))

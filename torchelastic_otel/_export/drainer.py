@@ -217,6 +217,41 @@ def pending() -> bool:
     return any(len(getattr(b, "_pending", ())) or getattr(b, "_overflow", 0) for b in list(state.buffers))
 
 
+#: The most buffered records an exit hands over to its agent (:func:`hand_over_all`) instead of waiting for a build.
+HAND_OVER_MAX = 256
+
+
+def can_hand_over() -> bool:
+    """Whether everything buffered can be handed over: each buffer that holds something offers ``hand_over``, turned
+    nothing away, and all of them hold at most :data:`HAND_OVER_MAX` items (metric values cannot: they wait for
+    the build)."""
+    total = 0
+    for buffer in list(state.buffers):
+        held, overflow = len(getattr(buffer, "_pending", ())), getattr(buffer, "_overflow", 0)
+        if not held and not overflow:
+            continue
+        if overflow or not hasattr(buffer, "hand_over"):
+            return False
+        total += held
+    return total <= HAND_OVER_MAX
+
+
+def hand_over_all(keep: Callable[[dict[str, Any], Any], Any]) -> bool:
+    """At an exit before the pipeline was built: give every buffered record to ``keep(fields, ctx)`` (a worker
+    keeps them for its agent: ``_torch.final_words``); ``True`` if every one was kept. Never raises."""
+    complete = True
+    for buffer in list(state.buffers):
+        hand_over = getattr(buffer, "hand_over", None)
+        if hand_over is None or not len(getattr(buffer, "_pending", ())):
+            continue
+        try:
+            complete = hand_over(keep) is True and complete
+        except Exception:
+            complete = False
+            selftelemetry.count(selftelemetry.DROPPED, "all", "drain_error")
+    return complete
+
+
 def discard_all(reason: str) -> int:
     """Count what is still buffered as dropped (``reason``) and forget it: the process is about to end."""
     dropped = 0

@@ -217,9 +217,10 @@ def remove_unbuilt_exit_hook(hook: Callable[[], bool]) -> None:
 
 def _wait_for_build() -> None:
     """Among ``threading``'s exit hooks: a build in progress finishes while threads can still be started -- unless
-    nothing was recorded and what the build would send went another way: then the process does not wait for it (a
-    short-lived worker would pay the build, some 0.1-0.5 s, at every exit)."""
-    if pipeline.building() and not _drainer.pending() and _hooks.unbuilt_exit_hooks:
+    what the build would send can go another way (a worker's span and its buffered log records, to its agent:
+    the hooks): then the process does not wait for it (a short-lived worker would pay the build, some 0.1-0.5 s,
+    at every exit). Buffered metric values wait for the build."""
+    if pipeline.building() and _hooks.unbuilt_exit_hooks and _drainer.can_hand_over():
         handed = True
         for hook in list(_hooks.unbuilt_exit_hooks):
             try:

@@ -114,13 +114,13 @@ def deliver(directory: str | None, current: Any) -> int:
 
 
 class _Sources:
-    """The agent's logger and tracer for a worker's resource (one pair per resource, for one delivery)."""
+    """The agent's logger, tracer and logging handler for each worker resource (made once, for one delivery)."""
 
     def __init__(self, current: Any) -> None:
         self.current = current
-        self.made: dict[Any, tuple[Any, Any]] = {}
+        self.made: dict[Any, dict[str, Any]] = {}
 
-    def get(self, resource: Any) -> tuple[Any, Any]:
+    def _for(self, resource: Any) -> dict[str, Any]:
         attributes = resource if isinstance(resource, dict) else {}
         key = tuple(sorted((str(k), repr(v)) for k, v in attributes.items()))
         if key not in self.made:
@@ -129,11 +129,25 @@ class _Sources:
 
             logger_provider = providers.with_resource(self.current.logger_provider, "logs", attributes)
             tracer_provider = providers.with_resource(self.current.tracer_provider, "traces", attributes)
-            self.made[key] = (
-                logger_provider.get_logger("torchelastic_otel.worker", __version__),
-                tracer_provider.get_tracer("torchelastic_otel", __version__),  # the worker's own scopes
-            )
+            self.made[key] = {
+                "logger_provider": logger_provider,
+                "logger": logger_provider.get_logger("torchelastic_otel.worker", __version__),
+                "tracer": tracer_provider.get_tracer("torchelastic_otel", __version__),  # the worker's own scopes
+            }
         return self.made[key]
+
+    def get(self, resource: Any) -> tuple[Any, Any]:
+        made = self._for(resource)
+        return made["logger"], made["tracer"]
+
+    def logging_handler(self, resource: Any) -> Any:
+        """OpenTelemetry's logging handler for a worker's resource (the worker's Python log records)."""
+        made = self._for(resource)
+        if "handler" not in made:
+            from torchelastic_otel._torch.worker import log_records
+
+            made["handler"] = log_records.new_handler(made["logger_provider"])
+        return made["handler"]
 
 
 def _send(path: str, sources: _Sources) -> int:
@@ -144,6 +158,17 @@ def _send(path: str, sources: _Sources) -> int:
     logger, tracer = sources.get(data.get("resource"))
     attributes = dict(data["attributes"])
     attributes[names.DELIVERED_BY] = "agent"
+    if isinstance(data.get("logging"), dict):  # a Python log record the worker buffered (``log_records``)
+        from opentelemetry import context as otel_context
+
+        from torchelastic_otel._torch.worker import log_records
+
+        token = otel_context.attach(_context(data) or otel_context.Context())
+        try:
+            log_records.emit_portable(sources.logging_handler(data.get("resource")), data["logging"], attributes)
+        finally:
+            otel_context.detach(token)
+        return 1
     if "span" in data:
         span = tracer.start_span(str(data["span"]), context=_context(data), start_time=_int(data.get("start")),
                                  attributes=attributes)  # fmt: skip

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -306,6 +307,18 @@ class _EventBuffer(_drainer.Buffer):
                     selftelemetry.count(selftelemetry.DROPPED, "logs", "conversion_error")
                     _logger.debug("torchelastic_otel: event dropped: %s", exc, exc_info=True)
             return emitted
+
+    def hand_over(self, keep: Callable[[dict[str, Any], Any], Any]) -> bool:
+        """An exit before the pipeline was built: each buffered event, as log record fields, to ``keep(fields,
+        ctx)`` (``_export.drainer.hand_over_all``); ``True`` if every one was kept."""
+        with self._lock:
+            pending = self._pending
+            while pending:
+                event, fields, now, ctx = pending[0]
+                if keep(fields if fields is not None else to_log_fields(event, now), ctx) is None:
+                    return False
+                pending.popleft()
+        return True
 
 
 _buffer = _EventBuffer()

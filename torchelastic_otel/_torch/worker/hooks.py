@@ -31,6 +31,7 @@ from opentelemetry import context as otel_context
 from torchelastic_otel import _names as names
 from torchelastic_otel import pipeline
 from torchelastic_otel._export import attributes as _attributes
+from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel._process import runtime
 from torchelastic_otel._process import stacks as _stacks
 from torchelastic_otel._torch import final_words, root_cause
@@ -102,9 +103,15 @@ def _join_agent_trace(patches: Patches) -> None:
         """An exit before the pipeline was built: the agent sends the span (``final_words``), if there is one."""
         return final_words.write_span(names.WORKER_START, start_ns, end_ns, attributes, ctx) is not None
 
+    def hand_records_to_agent() -> bool:
+        """The events and log records buffered for the pipeline, kept for the agent the same way."""
+        return _drainer.hand_over_all(lambda fields, record_ctx: final_words.write(fields, record_ctx or ctx))
+
     pipeline.when_ready(start_span)  # a worker's pipeline is built beside its start-up (``pipeline``)
     runtime.add_unbuilt_exit_hook(hand_to_agent)
+    runtime.add_unbuilt_exit_hook(hand_records_to_agent)
     patches.on_restore(lambda: runtime.remove_unbuilt_exit_hook(hand_to_agent))
+    patches.on_restore(lambda: runtime.remove_unbuilt_exit_hook(hand_records_to_agent))
     token = otel_context.attach(ctx)
     _worker.attempt = ctx
 

@@ -183,10 +183,57 @@ class _RecordBuffer(_drainer.Buffer):
             self._generation = pipeline.state.generation[0]
         return self._handler
 
+    def hand_over(self, keep: Callable[[dict[str, Any], Any], Any]) -> bool:
+        """An exit before the pipeline was built: each buffered record, as its portable fields (:func:`portable`),
+        to ``keep(fields, ctx)`` (``_export.drainer.hand_over_all``); ``True`` if every one was kept. The agent
+        converts them with the same OpenTelemetry handler (``_torch.final_words``)."""
+        with self._lock:
+            pending = self._pending
+            while pending:
+                record, ctx = pending[0]
+                if not trace.get_current_span(ctx).get_span_context().is_valid:
+                    ctx = self.default_context() or ctx
+                if keep({"logging": portable(record), "attributes": {}}, ctx) is None:
+                    return False
+                pending.popleft()
+        return True
+
     def close(self) -> None:
         """Uninstalled: what is buffered still goes out (drained now), nothing more is captured."""
         self._closed = True
         _drainer.drain_all(time.monotonic() + 0.5, signal="logs")
+
+
+def portable(record: logging.LogRecord) -> dict[str, Any]:
+    """A frozen record's fields as JSON holds them (``logging.makeLogRecord`` makes the record again): values
+    that are not plain become their ``str``; an exception becomes the ``exception.*`` attributes OpenTelemetry's
+    handler would derive from it."""
+    fields: dict[str, Any] = {}
+    for key, value in vars(record).items():
+        if key in ("args", "exc_info"):
+            continue
+        fields[key] = value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
+    exc_info = record.exc_info
+    if isinstance(exc_info, tuple) and exc_info[0] is not None:
+        import traceback
+
+        exc_type, exc, tb = exc_info
+        fields["exception.type"] = exc_type.__name__
+        if exc is not None and exc.args:
+            fields["exception.message"] = str(exc.args[0])
+        fields["exception.stacktrace"] = "".join(traceback.format_exception(exc_type, exc, tb))
+    return fields
+
+
+def emit_portable(handler: logging.Handler, fields: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Emit the record :func:`portable` kept, with ``extra`` attributes, through ``handler`` (an agent's)."""
+    record = logging.makeLogRecord({**fields, **extra})
+    handler.emit(record)
+
+
+def new_handler(logger_provider: Any) -> logging.Handler:
+    """OpenTelemetry's logging handler, writing to ``logger_provider``."""
+    return _new_handler(logger_provider)
 
 
 def _frozen(record: logging.LogRecord) -> logging.LogRecord:
