@@ -44,11 +44,12 @@ def is_installed() -> bool:
 
 def _start_worker_build() -> None:
     """A worker's pipeline is built in a thread of its own. Where its agent sends what the worker leaves behind
-    (``TORCHELASTIC_OTEL_FAILURE_DIR``), the build waits until something is recorded or
-    ``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS`` are over (``pipeline.start_building``); elsewhere it starts at once,
-    so that the worker's own final words find a pipeline."""
+    (``TORCHELASTIC_OTEL_FAILURE_DIR``), the build waits until an exit could no longer hand what is buffered to
+    the agent (``_drainer.outgrows_hand_over``), a provider is asked for, or ``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS``
+    are over (``pipeline.start_building``); elsewhere it starts at once, so that the worker's own final words find
+    a pipeline."""
     if _settings.FAILURE_DIR.get():
-        pipeline.start_building(_settings.SETUP_DELAY.get() / 1000, _drainer.pending)
+        pipeline.start_building(_settings.SETUP_DELAY.get() / 1000, _drainer.outgrows_hand_over)
     else:
         pipeline.start_building()
 

@@ -123,10 +123,10 @@ EXPORT_STALL = _setting(Setting(
 ))  # fmt: skip
 SETUP_DELAY = _setting(Setting(
     "TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS", 2000, _millis,
-    "How long a worker of a bridged agent that has recorded nothing waits before it builds its exporters (some "
-    "0.15 s of CPU, which would slow the script's own imports). Whatever it records -- a span, an event, a metric, "
-    "a log record -- starts the build at once; a worker that ends sooner builds nothing, its agent sends its "
-    "`torchelastic.worker.start` span and its final records. `0`: build at start-up.",
+    "How long a worker of a bridged agent waits before it builds its exporters (some 0.15 s of CPU, which would "
+    "slow the script's own imports). A span, a metric value or more than 256 buffered events and log records "
+    "start the build at once; a worker that ends or is stopped sooner builds nothing: its agent sends its "
+    "`torchelastic.worker.start` span, its final records and what it logged meanwhile. `0`: build at start-up.",
 ))  # fmt: skip
 FORK_WAIT = _setting(Setting(
     "TORCHELASTIC_OTEL_FORK_WAIT_MILLIS", 1000, _millis,

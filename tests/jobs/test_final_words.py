@@ -404,3 +404,62 @@ print(os.getpid())
             assert got["service.name"] == resource.attributes["service.name"], got
             assert item["attributes"]["torchelastic.delivered_by"] == "agent"
     assert not list(tmp_path.glob("final-*.json"))
+
+
+#: Rank 0 logs a line (Python ``logging``, as torch's own INFO lines are), then waits in gloo's
+#: ``init_process_group`` (native code) for rank 1, which waits until rank 0 has logged and exits 1: the agent
+#: SIGTERMs rank 0 there. The script is bridge-unaware.
+_LOGS_THEN_STOPPED = """
+import logging, os, sys, time
+from datetime import timedelta
+logging.basicConfig(level=logging.INFO)
+flag = os.path.join(os.environ["FLAG_DIR"], "rank0-logged")
+if os.environ["RANK"] == "1":
+    deadline = time.monotonic() + 60
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sys.exit(1)
+import torch.distributed as dist
+logging.getLogger("trainer").warning("rank 0 is about to join")
+open(flag, "w").close()
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+"""
+
+
+def test_a_rank_stopped_before_its_pipeline_was_built_hands_its_span_and_records_to_the_agent(
+    tmp_path: Path,
+) -> None:
+    """A rank SIGTERMed before its pipeline was built (it builds once what it buffered could no longer be handed
+    over, or after ``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS``: a minute here) loses nothing: its final words hand the
+    worker span and the Python log records buffered so far to its agent, beside its terminated record, and the
+    agent sends them under the attempt -- while the rank still dies of the SIGTERM at once, as under plain
+    torchrun, with no SIGKILL."""
+    with OtlpReceiver() as rx:
+        cmd = [sys.executable, "-m", "torchelastic_otel.run", "--standalone", "--nproc-per-node", "2",
+               "--monitor-interval", "0.1", "--no-python", sys.executable, "-c", _LOGS_THEN_STOPPED]  # fmt: skip
+        env = job_env(rx, TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS="60000", FLAG_DIR=str(tmp_path))
+        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+        output = done.stdout + done.stderr
+        assert done.returncode == 1, output[-3000:]
+        assert rank_statuses(output) == {1: 1, 0: -15}, output[-3000:]
+        assert FORCED_KILL not in output, output[-3000:]
+
+        def rank_0(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [i for i in items if str(i["resource"].get("torchelastic.rank")) == "0"]
+
+        def logged(r: OtlpReceiver) -> list[dict[str, Any]]:
+            # the logging record itself (``code.*``), not the line it printed on stderr (``log.iostream``)
+            return [rec for rec in rank_0(r.logs()) if rec["body"] == "rank 0 is about to join"]
+
+        def arrived(r: OtlpReceiver) -> bool:
+            return bool(logged(r) and rank_0(r.spans("torchelastic.worker.start")) and rank_0(r.logs(TERMINATED)))
+
+        assert rx.wait_for(arrived, timeout=TELEMETRY_WAIT), rx.requests
+        (record,) = logged(rx)
+        (span,) = rank_0(rx.spans("torchelastic.worker.start"))
+        attempts = {s["span_id"] for s in rx.spans("torchelastic.attempt")}
+        for item in (record, span):
+            assert item["attributes"]["torchelastic.delivered_by"] == "agent", item
+        function = record["attributes"].get("code.function.name", record["attributes"].get("code.function"))
+        assert record["severity_number"] == 13 and function == "<module>", record
+        assert span["parent_span_id"] in attempts, (span, attempts)

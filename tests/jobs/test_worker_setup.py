@@ -299,33 +299,64 @@ def sdk_state():
 
 
 @needs_a_deferred_build
-def test_a_worker_of_a_bridged_agent_builds_nothing_until_it_records(tmp_path: Any) -> None:
+@pytest.mark.parametrize("outgrow", ["metric", "records"])
+def test_a_worker_of_a_bridged_agent_builds_once_its_exit_could_not_hand_over(tmp_path: Any, outgrow: str) -> None:
     """With an agent to send what it leaves behind (a failure directory), a worker defers its build: its start-up
-    imports neither the SDK nor an exporter, in any thread, until it records something -- then the build starts at
-    once (the delay here is a minute), in the background, and the event and the worker span arrive."""
+    imports neither the SDK nor an exporter, in any thread, and an event and a few log records do not change that
+    (an exit would hand them to the agent). A metric value (which cannot be handed over), or more records than an
+    exit hands over, starts the build at once (the delay here is a minute), in the background; the event, the
+    records, the value and the worker span arrive."""
+    more = (
+        "from torchelastic_otel import metrics\n"
+        "metrics.configure(metrics.OtelMetricHandler(), 'trainer')\n"
+        "metrics.put_metric('trainer.value', 3, 'trainer')\n"
+        if outgrow == "metric"
+        else "for i in range(300):\n    logging.getLogger('trainer').warning('line %d', i)\n"
+    )
     code = (
         FIRST_LINE
         + SDK_STATE
         + r"""
-import time
-time.sleep(0.5)  # the script's own start-up: the builder thread waits meanwhile
+import logging, time
+logging.basicConfig(level=logging.INFO)
+time.sleep(0.3)  # the script's own start-up: the builder thread waits meanwhile
 first_line["before"] = sdk_state()
 from torchelastic_otel import events
 events.record(events.Event("trainer.first", events.EventSource.WORKER), destination="otel")
+for i in range(5):
+    logging.getLogger("trainer").warning("early %d", i)
+time.sleep(0.5)  # several of the builder's looks at the buffers
+first_line["recorded"] = sdk_state()
+"""
+        + more
+        + r"""
 deadline = time.monotonic() + 60
 while pipeline.state.phase.value != "ready" and time.monotonic() < deadline:
     time.sleep(0.05)
 first_line["after"] = sdk_state()
 """
     )
+
+    def arrived(r: OtlpReceiver) -> Any:
+        if not (r.logs("trainer.first") and worker_start(r)):
+            return False
+        bodies = [str(rec.get("body")) for rec in r.logs()]
+        if not any("early 4" in body for body in bodies):
+            return False
+        if outgrow == "metric":
+            return r.metric_points("trainer.value")
+        return any("line 299" in body for body in bodies)
+
     with OtlpReceiver() as rx:
-        env = worker_env(rx, TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path), TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS="60000")
-        got, arrived = run_until_received(code, env, rx, lambda r: r.logs("trainer.first") and worker_start(r))
+        env = worker_env(rx, TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path), TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS="60000",
+                         OTEL_METRIC_EXPORT_INTERVAL="200")  # fmt: skip
+        got, ok = run_until_received(code, env, rx, arrived)
         assert got["phase"] == "building" and got["builder"], got
         assert got["before"] == {"phase": "building", "sdk": False}, got
+        assert got["recorded"] == {"phase": "building", "sdk": False}, got
         assert got["after"] == {"phase": "ready", "sdk": True}, got
-        assert arrived, rx.requests
-    assert not list(tmp_path.glob("final-*.json"))  # the worker sent its span itself
+        assert ok, rx.requests
+    assert not list(tmp_path.glob("final-*.json"))  # the worker sent its span and records itself
 
 
 @needs_a_deferred_build

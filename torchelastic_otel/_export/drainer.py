@@ -84,6 +84,22 @@ class Buffer:
         self._overflow = 0
         self._lock = threading.RLock()
 
+    def _hand_over_items(self, keep: Callable[[dict[str, Any], Any], Any], portable: Callable[[Any], Any]) -> bool:
+        """Give each buffered item, as ``portable(item) -> (fields, ctx)``, to ``keep(fields, ctx)``, oldest first;
+        ``True`` if every one was kept. The lock is waited for briefly only: on SIGTERM the interrupted thread may
+        hold it (a drain), and the final words must not spend their bound on it."""
+        if not self._lock.acquire(timeout=HAND_OVER_LOCK_SECONDS):
+            return False
+        try:
+            pending = self._pending
+            while pending:
+                if keep(*portable(pending[0])) is None:
+                    return False
+                pending.popleft()
+            return True
+        finally:
+            self._lock.release()
+
 
 def _interval() -> float:
     if _settings.DRAIN_INTERVAL.raw() is None:
@@ -219,6 +235,8 @@ def pending() -> bool:
 
 #: The most buffered records an exit hands over to its agent (:func:`hand_over_all`) instead of waiting for a build.
 HAND_OVER_MAX = 256
+#: How long a hand-over waits for a buffer's lock (:meth:`Buffer._hand_over_items`).
+HAND_OVER_LOCK_SECONDS = 0.1
 
 
 def can_hand_over() -> bool:
@@ -234,6 +252,12 @@ def can_hand_over() -> bool:
             return False
         total += held
     return total <= HAND_OVER_MAX
+
+
+def outgrows_hand_over() -> bool:
+    """Whether an exit now could not hand everything buffered over (:func:`can_hand_over`): a deferred build waits
+    for this, not merely for something recorded (a worker that logs a few lines and fails builds nothing)."""
+    return not can_hand_over()
 
 
 def hand_over_all(keep: Callable[[dict[str, Any], Any], Any]) -> bool:

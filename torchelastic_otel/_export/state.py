@@ -23,9 +23,10 @@ Its life (:class:`Phase`), every transition written here and nowhere else::
 Why a worker builds in a thread of its own, and when: importing the SDK and the OTLP exporters and building the
 providers costs 150-250 ms of CPU, which must not be added to the script's start-up -- and a thread of the same
 process adds it all the same, under the GIL, to the script's own imports (measured: +0.18 s on a worker's ``import
-torch``). So a worker of a bridged agent defers the build (``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS``) until it records
-something or asks for a provider, or the delay is over; a rank that fails sooner loses nothing, because its final
-words and its start span never needed its pipeline: its agent sends them. Elsewhere the thread builds at once. While
+torch``). So a worker of a bridged agent defers the build (``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS``) until it asks
+for a provider (a span), buffers what an exit could not hand to its agent (a metric value, more than 256 records),
+or the delay is over; a rank that fails sooner loses nothing, because its final words, its start span and what it
+buffered never needed its pipeline: its agent sends them. Elsewhere the thread builds at once. While
 it is BUILDING (waiting or building), placeholders
 (``_export.placeholders``) stand in for the global providers; whoever asks one for a tracer, meter or logger waits for
 the build. The final words of a process (SIGTERM, an uncaught exception) never build and never wait: they take
@@ -404,7 +405,8 @@ def start_building(delay_seconds: float = 0.0, wanted: Callable[[], bool] | None
     """Build the pipeline in a daemon thread (a worker's ``install()``): ``True`` if that thread started.
 
     With ``delay_seconds``, the thread first waits until the pipeline is needed -- asked for (a placeholder's
-    first use, :func:`wait_built`), ``wanted()`` (polled: something was recorded), or the delay is over. A worker
+    first use, :func:`wait_built`), ``wanted()`` (polled: what is buffered outgrew the hand-over), or the delay is
+    over. A worker
     whose agent sends what it leaves behind (its start span, its final words) defers so: the build's 0.15-0.2 s of
     CPU, which runs under the GIL beside the script's own imports, is then paid neither by a worker that ends
     early nor during its start-up.
@@ -434,7 +436,7 @@ def start_building(delay_seconds: float = 0.0, wanted: Callable[[], bool] | None
     return True
 
 
-#: How often a deferred build looks whether something was recorded meanwhile.
+#: How often a deferred build looks whether it is wanted meanwhile (``wanted()``).
 NEED_POLL_SECONDS = 0.1
 
 
@@ -499,10 +501,13 @@ def wait_built(timeout_seconds: float) -> bool:
     return state.built.wait(max(0.0, timeout_seconds))
 
 
-def abandon_build() -> bool:
+def abandon_build(lock_timeout: float | None = None) -> bool:
     """BUILDING -> UNSET at exit, when nothing waits for the pipeline: the build goes on in its daemon thread, but
-    nobody waits for it and its result is not used. ``True`` if a build was abandoned."""
-    with state.lock:
+    nobody waits for it and its result is not used. ``True`` if a build was abandoned. With ``lock_timeout`` (a
+    signal's final words: the interrupted thread may hold the lock), ``False`` if the lock is not had by then."""
+    if not state.lock.acquire(timeout=-1 if lock_timeout is None else lock_timeout):
+        return False
+    try:
         if state.phase is not Phase.BUILDING:
             return False
         if state.builder is not None:
@@ -510,6 +515,8 @@ def abandon_build() -> bool:
         state.builder = None
         state.on_ready.clear()
         state.enter(Phase.UNSET, None)
+    finally:
+        state.lock.release()
     _notify(Phase.UNSET)
     return True
 

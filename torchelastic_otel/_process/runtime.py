@@ -8,8 +8,10 @@ Every hook of the process that the bridge takes is registered here and calls int
   (FORKED: rebuilt on first use), the SIGTERM watcher; then the drainer thread, once everything it touches is the
   child's; and, in a ``multiprocessing`` child, its exit path.
 - SIGTERM (:func:`handle_sigterm`, a worker's ``install()``): :func:`on_signal` runs the final words: the hooks
-  (a worker's terminated record, with every thread's stack), then a flush of the READY pipeline within
-  ``EXIT_TIMEOUT_MILLIS``, then what asked to hear whether it went out. Never a build, an import or a wait for one.
+  (a worker's terminated record, with every thread's stack); where the pipeline is not built yet, the build is
+  abandoned and the unbuilt-exit hooks hand the worker's span and buffered records to its agent; then a flush of
+  the READY pipeline within ``EXIT_TIMEOUT_MILLIS``, then what asked to hear whether it went out. Never a build,
+  an import or a wait for one.
 - exit (:func:`install`, on the pipeline's first phase change): first, among ``threading``'s exit hooks, a build in
   progress is waited for (bounded: thread pools and new threads are refused later in the interpreter's exit);
   then :func:`at_exit` delivers what is left and shuts the bridge's providers down within
@@ -151,8 +153,14 @@ def remove_signal_hook(hook: SignalHook) -> None:
         _hooks.signal_hooks.remove(hook)
 
 
+#: How long the final words wait for the pipeline's lock, which the interrupted thread may hold.
+SIGNAL_LOCK_TIMEOUT_SECONDS = 0.1
+
+
 def on_signal(signum: int, stacks: _stacks.Stacks) -> None:
-    """The final words of a process stopped by ``signum``: the hooks, then a flush within the exit bound."""
+    """The final words of a process stopped by ``signum``: the hooks; a worker whose pipeline is not built yet
+    hands its span and buffered records to its agent instead (never builds, never waits for a build); then a
+    flush of a READY pipeline within the exit bound."""
     confirmations = []
     for hook in list(_hooks.signal_hooks):
         try:
@@ -161,6 +169,7 @@ def on_signal(signum: int, stacks: _stacks.Stacks) -> None:
                 confirmations.append(confirm)
         except Exception:
             _logger.debug("signal hook failed", exc_info=True)
+    _hand_over_instead_of_build(SIGNAL_LOCK_TIMEOUT_SECONDS)  # a worker stopped before its pipeline was built
     delivered = final_flush(EXIT_TIMEOUT_MILLIS)
     for confirm in confirmations:
         try:
@@ -220,17 +229,29 @@ def _wait_for_build() -> None:
     what the build would send can go another way (a worker's span and its buffered log records, to its agent:
     the hooks): then the process does not wait for it (a short-lived worker would pay the build, some 0.1-0.5 s,
     at every exit). Buffered metric values wait for the build."""
-    if pipeline.building() and _hooks.unbuilt_exit_hooks and _drainer.can_hand_over():
-        handed = True
-        for hook in list(_hooks.unbuilt_exit_hooks):
-            try:
-                handed = hook() is True and handed
-            except Exception:
-                handed = False
-                _logger.debug("exit hook failed", exc_info=True)
-        if handed and not _drainer.pending() and pipeline.abandon_build():
-            return
+    if _drainer.can_hand_over() and _hand_over_instead_of_build(None):
+        return
     pipeline.wait_built(EXIT_TIMEOUT_MILLIS / 1000)
+
+
+def _hand_over_instead_of_build(lock_timeout: float | None) -> bool:
+    """Abandon a build in progress (or still deferred) and run the unbuilt-exit hooks: ``True`` if they handed over
+    everything there was, so nothing waits for the pipeline. Abandoning first means that a build which finishes
+    meanwhile sends nothing twice (its READY callbacks, the worker span, are dropped with it). Whatever a hook could
+    not hand over stays buffered: an exit then builds on its way out (``at_exit``: UNSET drains), a signal's final
+    words do not."""
+    if not (pipeline.building() and _hooks.unbuilt_exit_hooks):
+        return False
+    if not pipeline.abandon_build(lock_timeout):
+        return False
+    handed = True
+    for hook in list(_hooks.unbuilt_exit_hooks):
+        try:
+            handed = hook() is True and handed
+        except Exception:
+            handed = False
+            _logger.debug("exit hook failed", exc_info=True)
+    return handed and not _drainer.pending()
 
 
 def install(_phase: Any = None) -> None:

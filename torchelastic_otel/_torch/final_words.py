@@ -40,6 +40,11 @@ _sequence = itertools.count()
 # ---- worker side ----------------------------------------------------------------------------------------------
 
 
+def has_agent() -> bool:
+    """Whether this worker's agent takes what it leaves behind (a bridged agent gives it a directory)."""
+    return bool(_settings.FAILURE_DIR.get())
+
+
 def write(fields: dict[str, Any], ctx: Any = None) -> str | None:
     """Keep the log record ``fields`` (``Logger.emit`` keywords, as ``events._otel.to_log_fields`` makes them) and
     the span context of ``ctx`` for the agent; the file's path, or ``None`` (no directory, or it failed)."""

@@ -311,14 +311,12 @@ class _EventBuffer(_drainer.Buffer):
     def hand_over(self, keep: Callable[[dict[str, Any], Any], Any]) -> bool:
         """An exit before the pipeline was built: each buffered event, as log record fields, to ``keep(fields,
         ctx)`` (``_export.drainer.hand_over_all``); ``True`` if every one was kept."""
-        with self._lock:
-            pending = self._pending
-            while pending:
-                event, fields, now, ctx = pending[0]
-                if keep(fields if fields is not None else to_log_fields(event, now), ctx) is None:
-                    return False
-                pending.popleft()
-        return True
+        return self._hand_over_items(keep, _portable_event)
+
+
+def _portable_event(item: tuple[Any, Any, Any, Any]) -> tuple[dict[str, Any], Any]:
+    event, fields, now, ctx = item
+    return (fields if fields is not None else to_log_fields(event, now)), ctx
 
 
 _buffer = _EventBuffer()

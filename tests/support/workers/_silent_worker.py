@@ -2,8 +2,9 @@
 
 Modes (``--mode``), each a way a real job fails while other ranks are somewhere a signal can find them:
 
-- ``import``: rank 1 exits 1 at its first line, before importing torch; rank 0 is still starting (importing torch,
-  its pipeline being built) or already in ``init_process_group`` waiting for rank 1 when the agent SIGTERMs it.
+- ``import``: rank 1 exits 1 at its first line, before importing torch (once rank 0's script has begun); rank 0
+  is still starting (importing torch) or already in ``init_process_group`` waiting for rank 1 when the agent
+  SIGTERMs it.
 - ``allreduce``: the example of issue 15: rank 1 logs a warning and raises after ``init_process_group``; rank 0
   is in a world ``all_reduce`` (gloo raises in it, or the agent's SIGTERM comes first).
 - ``subgroup``: 4 ranks; rank 1 raises; rank 0 blocks in ``all_reduce`` on the subgroup {0, 2} while rank 2 blocks
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("--mode", required=True)
     mode = parser.parse_args().mode
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if mode == "import":
+        _rank_0_started()
     if mode == "import" and RANK == 1 or mode == "failonce" and RANK == 1 and first_attempt:
         sys.exit(1)  # before torch is even imported
     import logging
@@ -58,6 +61,26 @@ def main() -> None:
     dist.all_reduce(torch.ones(4))
     if mode == "failonce":
         dist.destroy_process_group()
+
+
+def _rank_0_started() -> None:
+    """Rank 0 says its script has begun; rank 1 waits for that (at most 30 s) before it fails, so rank 0 is stopped
+    in the script (importing torch, in ``init_process_group``), not in the interpreter's start-up: on a loaded
+    machine rank 1's whole life could otherwise pass before rank 0 ran a line of its own."""
+    import tempfile
+    import time
+
+    flag = os.path.join(tempfile.gettempdir(), f"silent-worker-{os.environ.get('TORCHELASTIC_RUN_ID', '')}-started")
+    if RANK == 0:
+        open(flag, "w").close()
+        return
+    deadline = time.monotonic() + 30
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        os.unlink(flag)
+    except OSError:
+        pass
 
 
 def _subgroup(dist, torch) -> None:  # type: ignore[no-untyped-def]

@@ -108,10 +108,11 @@ def _join_agent_trace(patches: Patches) -> None:
         return _drainer.hand_over_all(lambda fields, record_ctx: final_words.write(fields, record_ctx or ctx))
 
     pipeline.when_ready(start_span)  # a worker's pipeline is built beside its start-up (``pipeline``)
-    runtime.add_unbuilt_exit_hook(hand_to_agent)
-    runtime.add_unbuilt_exit_hook(hand_records_to_agent)
-    patches.on_restore(lambda: runtime.remove_unbuilt_exit_hook(hand_to_agent))
-    patches.on_restore(lambda: runtime.remove_unbuilt_exit_hook(hand_records_to_agent))
+    if final_words.has_agent():  # else an exit waits for the build: nobody would send what it handed over
+        runtime.add_unbuilt_exit_hook(hand_to_agent)
+        runtime.add_unbuilt_exit_hook(hand_records_to_agent)
+        patches.on_restore(lambda: runtime.remove_unbuilt_exit_hook(hand_to_agent))
+        patches.on_restore(lambda: runtime.remove_unbuilt_exit_hook(hand_records_to_agent))
     token = otel_context.attach(ctx)
     _worker.attempt = ctx
 

@@ -187,16 +187,13 @@ class _RecordBuffer(_drainer.Buffer):
         """An exit before the pipeline was built: each buffered record, as its portable fields (:func:`portable`),
         to ``keep(fields, ctx)`` (``_export.drainer.hand_over_all``); ``True`` if every one was kept. The agent
         converts them with the same OpenTelemetry handler (``_torch.final_words``)."""
-        with self._lock:
-            pending = self._pending
-            while pending:
-                record, ctx = pending[0]
-                if not trace.get_current_span(ctx).get_span_context().is_valid:
-                    ctx = self.default_context() or ctx
-                if keep({"logging": portable(record), "attributes": {}}, ctx) is None:
-                    return False
-                pending.popleft()
-        return True
+        return self._hand_over_items(keep, self._portable_item)
+
+    def _portable_item(self, item: tuple[logging.LogRecord, Any]) -> tuple[dict[str, Any], Any]:
+        record, ctx = item
+        if not trace.get_current_span(ctx).get_span_context().is_valid:
+            ctx = self.default_context() or ctx
+        return {"logging": portable(record), "attributes": {}}, ctx
 
     def close(self) -> None:
         """Uninstalled: what is buffered still goes out (drained now), nothing more is captured."""
