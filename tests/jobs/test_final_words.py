@@ -39,6 +39,7 @@ import pytest
 
 from tests.support import ROOT, WORKERS
 from tests.support.jobs import FAILURE_REPORTED, SIGTERM_SENT, agent_log_seconds, job_env
+from tests.support.marks import needs_a_deferred_build
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.procs import Job
 from tests.support.silent_collector import SilentCollector
@@ -426,6 +427,7 @@ dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 """
 
 
+@needs_a_deferred_build
 def test_a_rank_stopped_before_its_pipeline_was_built_hands_its_span_and_records_to_the_agent(
     tmp_path: Path,
 ) -> None:
@@ -441,7 +443,8 @@ def test_a_rank_stopped_before_its_pipeline_was_built_hands_its_span_and_records
         done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT)
         output = done.stdout + done.stderr
         assert done.returncode == 1, output[-3000:]
-        assert rank_statuses(output) == {1: 1, 0: -15}, output[-3000:]
+        statuses = rank_statuses(output)  # torch before 2.10 reports the root-cause rank only
+        assert statuses.get(1) == 1 and statuses.get(0, -15) == -15, output[-3000:]
         assert FORCED_KILL not in output, output[-3000:]
 
         def rank_0(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

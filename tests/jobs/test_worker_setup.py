@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT
+from tests.support.marks import needs_a_deferred_build
 from tests.support.otlp_receiver import OtlpReceiver
 from torchelastic_otel import _compat
 from torchelastic_otel._install import AUTO_INSTALL_ENV, BOOTSTRAP_DIR
@@ -284,12 +285,6 @@ def test_a_worker_that_exits_mid_build_hands_its_span_over_and_stays_quiet(tmp_p
             file.unlink()
     assert handed, "no worker exited mid-build: the case was not exercised"
 
-
-#: CPython 3.12.0-3.12.1 start no thread while the interpreter exits: there a worker builds at once, in its main
-#: thread (``_compat.threads_start_at_exit``), so that an exit can still start its exporters -- nothing is deferred.
-needs_a_deferred_build = pytest.mark.skipif(
-    not _compat.threads_start_at_exit(), reason="this Python builds a worker's pipeline at once (3.12.0-3.12.1)"
-)
 
 #: What a worker of a bridged agent has of the SDK: ``sdk`` is whether any of its modules was imported.
 SDK_STATE = r"""
