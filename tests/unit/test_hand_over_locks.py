@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
 from torchelastic_otel._export import drainer
 from torchelastic_otel._export import state as pipeline
 from torchelastic_otel.events import _otel as event_adapter
@@ -39,23 +41,18 @@ def held_elsewhere(lock: Any) -> Iterator[None]:
         thread.join(10)
 
 
-def _fields(event: Event) -> tuple[dict[str, Any], None]:
-    return event_adapter.to_log_fields(event), None
+@pytest.fixture
+def buffer() -> Iterator[Any]:
+    """The events' own buffer holding three events, with the periodic drain paused: only the test takes them."""
+    with drainer.paused():
+        events = event_adapter._EventBuffer(16)
+        for i in range(3):
+            events.submit((Event(f"e{i}", EventSource.WORKER), None, 0, None))
+        yield events
+        events.discard("test")
 
 
-class _Events(drainer.Buffer):
-    signal = "logs"
-
-    def drain(self, deadline: float | None = None) -> int:
-        return 0
-
-    def hand_over(self, keep: Any) -> bool:
-        return self._hand_over_items(keep, _fields)
-
-
-def test_a_hand_over_gives_up_on_a_held_buffer_and_keeps_its_items() -> None:
-    buffer = _Events(16)
-    buffer._pending.extend(Event(f"e{i}", EventSource.WORKER) for i in range(3))
+def test_a_hand_over_gives_up_on_a_held_buffer_and_keeps_its_items(buffer: Any) -> None:
     kept: list[Any] = []
     with held_elsewhere(buffer._lock):
         assert buffer.hand_over(lambda fields, ctx: kept.append(fields) or "path") is False
@@ -64,12 +61,10 @@ def test_a_hand_over_gives_up_on_a_held_buffer_and_keeps_its_items() -> None:
     assert [f["event_name"] for f in kept] == ["e0", "e1", "e2"] and not buffer._pending
 
 
-def test_a_hand_over_stops_at_the_first_item_that_could_not_be_kept() -> None:
-    buffer = _Events(16)
-    buffer._pending.extend(Event(f"e{i}", EventSource.WORKER) for i in range(3))
+def test_a_hand_over_stops_at_the_first_item_that_could_not_be_kept(buffer: Any) -> None:
     answers = iter(["path", None])
     assert buffer.hand_over(lambda fields, ctx: next(answers)) is False
-    assert [e.name for e in buffer._pending] == ["e1", "e2"]  # the one not kept stays buffered
+    assert [item[0].name for item in buffer._pending] == ["e1", "e2"]  # the one not kept stays buffered
 
 
 def test_abandoning_a_build_gives_up_on_a_held_pipeline_lock() -> None:

@@ -235,7 +235,8 @@ def pending() -> bool:
 
 #: The most buffered records an exit hands over to its agent (:func:`hand_over_all`) instead of waiting for a build.
 HAND_OVER_MAX = 256
-#: How long a hand-over waits for a buffer's lock (:meth:`Buffer._hand_over_items`).
+#: How long a hand-over waits for a lock the interrupted thread may hold: a buffer's (:meth:`Buffer._hand_over_items`),
+#: the pipeline's (a signal's final words abandoning the build: ``_process.runtime``).
 HAND_OVER_LOCK_SECONDS = 0.1
 
 

@@ -153,10 +153,6 @@ def remove_signal_hook(hook: SignalHook) -> None:
         _hooks.signal_hooks.remove(hook)
 
 
-#: How long the final words wait for the pipeline's lock, which the interrupted thread may hold.
-SIGNAL_LOCK_TIMEOUT_SECONDS = 0.1
-
-
 def on_signal(signum: int, stacks: _stacks.Stacks) -> None:
     """The final words of a process stopped by ``signum``: the hooks; a worker whose pipeline is not built yet
     hands its span and buffered records to its agent instead (never builds, never waits for a build); then a
@@ -169,7 +165,7 @@ def on_signal(signum: int, stacks: _stacks.Stacks) -> None:
                 confirmations.append(confirm)
         except Exception:
             _logger.debug("signal hook failed", exc_info=True)
-    _hand_over_instead_of_build(SIGNAL_LOCK_TIMEOUT_SECONDS)  # a worker stopped before its pipeline was built
+    _hand_over_instead_of_build(_drainer.HAND_OVER_LOCK_SECONDS)  # a worker stopped before it was built
     delivered = final_flush(EXIT_TIMEOUT_MILLIS)
     for confirm in confirmations:
         try:
