@@ -32,11 +32,14 @@ demo: bytecode
 
 # The tests run in TEST_JOBS processes (pytest-xdist), a file each at a time: most of a torchrun job's time is spent
 # waiting (rendezvous, timeouts, a Prometheus scrape), and each file's module-scoped jobs stay in one process. One
-# process a core, at most 4; TEST_JOBS=0 runs them in pytest's own process.
+# process a core, at most 4; TEST_JOBS=0 runs them in pytest's own process. The files marked `solo` compare a
+# bridged job's time with plain torchrun's: they run afterwards, alone, so that no other test's job loads the CPUs
+# under one of the two and not the other.
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
 test: bytecode lint stack-deps browser-deps
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not solo"
+	$(PY) -m pytest -q -m solo
 
 # The tests that run in one process (tests/unit, less the ones marked as starting processes): under a minute.
 # `make test` runs everything: the torchrun jobs (tests/jobs), the servers (tests/stack) and the browser too.

@@ -44,6 +44,9 @@ from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.procs import Job
 from tests.support.silent_collector import SilentCollector
 
+#: These tests compare a job's time with plain torchrun's: ``make test`` runs this file alone (``solo``).
+pytestmark = pytest.mark.solo
+
 pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
 
 WORKER = WORKERS / "_silent_worker.py"

@@ -30,7 +30,7 @@ pytest.importorskip("torch.distributed")
 
 
 _SCRIPT = r"""
-import json, os, sys
+import json, os, sys, time
 import torch, torch.distributed as dist
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % sys.argv[1], rank=0, world_size=1)
 if sys.argv[2] == "no-pickle":
@@ -42,6 +42,13 @@ from torchelastic_otel._torch.worker import collectives
 t = torch.ones(1)
 for _ in range(3):
     dist.all_reduce(t)
+# gloo's all_reduce returns before the recorder marks it completed (on a loaded machine, noticeably): wait for that.
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    rows = list(((_compat.flight_recorder(False) or {}).get("pg_status") or {}).values())
+    if not rows or int(rows[0]["last_completed_collective"]) >= int(rows[0]["last_enqueued_collective"]):
+        break  # (no rows: the recorder is off)
+    time.sleep(0.01)
 status = _compat.flight_recorder(False)
 full = _compat.flight_recorder(True)
 groups, entries = collectives.read_entries()

@@ -50,6 +50,9 @@ from tests.support.ports import free_port
 from tests.support.procs import Job
 from tests.support.releases import torch_failure_report_names_signals
 
+#: These tests compare a job's time with plain torchrun's: ``make test`` runs this file alone (``solo``).
+pytestmark = pytest.mark.solo
+
 pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
 
 WORKER = WORKERS / "_blocked_worker.py"
