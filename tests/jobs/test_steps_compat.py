@@ -44,12 +44,14 @@ for _ in range(3):
     dist.all_reduce(t)
 # gloo's all_reduce returns before the recorder marks it completed (on a loaded machine, noticeably): wait for that.
 deadline = time.monotonic() + 30
-while time.monotonic() < deadline:
-    rows = list(((_compat.flight_recorder(False) or {}).get("pg_status") or {}).values())
+while True:
+    status = _compat.flight_recorder(False)
+    rows = list(((status or {}).get("pg_status") or {}).values())
     if not rows or int(rows[0]["last_completed_collective"]) >= int(rows[0]["last_enqueued_collective"]):
         break  # (no rows: the recorder is off)
+    if time.monotonic() >= deadline:
+        break
     time.sleep(0.01)
-status = _compat.flight_recorder(False)
 full = _compat.flight_recorder(True)
 groups, entries = collectives.read_entries()
 out = {

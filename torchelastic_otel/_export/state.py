@@ -331,9 +331,10 @@ def _no_collection() -> Iterator[None]:
 
     A build creates some 100k objects (the SDK's and the exporters' modules, mostly), which in a process that has
     imported torch (millions of objects) sets off a full collection: 70-85 ms, as long as the rest of the build
-    (measured on a 2-core machine). Paused for the build's 0.1-0.2 s, the garbage waits for the next collection,
-    which the process's own allocations start. Only where the collector was on: one the application turned off stays
-    off."""
+    (measured on a 2-core machine). Paused for the build -- 0.1-0.2 s alone, up to 0.6 s in an agent whose build
+    runs beside its ``import torch`` (the main thread collects nothing then either) -- the garbage waits for the next
+    collection, which the process's own allocations start. Only where the collector was on: one the application
+    turned off stays off."""
     if not gc.isenabled():
         yield
         return
