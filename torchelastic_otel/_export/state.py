@@ -26,7 +26,9 @@ process adds it all the same, under the GIL, to the script's own imports (measur
 torch``). So a worker of a bridged agent defers the build (``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS``) until it asks
 for a provider (a span), buffers what an exit could not hand to its agent (a metric value, more than 256 records),
 or the delay is over; a rank that fails sooner loses nothing, because its final words, its start span and what it
-buffered never needed its pipeline: its agent sends them. Elsewhere the thread builds at once. While
+buffered never needed its pipeline: its agent sends them. Elsewhere the thread builds at once. Either way, a build
+that is due (not asked for) waits while the main thread is importing (bounded: ``IMPORT_WAIT_SECONDS``): a build
+beside ``import torch`` cost a worker's start-up 0.5 s, against 0.2 s one after the other. While
 it is BUILDING (waiting or building), placeholders
 (``_export.placeholders``) stand in for the global providers; whoever asks one for a tracer, meter or logger waits for
 the build. The final words of a process (SIGTERM, an uncaught exception) never build and never wait: they take
@@ -331,10 +333,9 @@ def _no_collection() -> Iterator[None]:
 
     A build creates some 100k objects (the SDK's and the exporters' modules, mostly), which in a process that has
     imported torch (millions of objects) sets off a full collection: 70-85 ms, as long as the rest of the build
-    (measured on a 2-core machine). Paused for the build -- 0.1-0.2 s alone, up to 0.6 s in an agent whose build
-    runs beside its ``import torch`` (the main thread collects nothing then either) -- the garbage waits for the next
-    collection, which the process's own allocations start. Only where the collector was on: one the application
-    turned off stays off."""
+    (measured on a 2-core machine). Paused for the build (0.1-0.2 s; the main thread collects nothing meanwhile
+    either), the garbage waits for the next collection, which the process's own allocations start. Only where the
+    collector was on: one the application turned off stays off."""
     if not gc.isenabled():
         yield
         return
@@ -451,8 +452,6 @@ def start_building(delay_seconds: float = 0.0, wanted: Callable[[], bool] | None
         )
         state.builder = builder
         state.go = threading.Event()
-        if delay_seconds <= 0:
-            state.go.set()
         state.enter(Phase.BUILDING, None)
         builder.start()
     _notify(Phase.BUILDING)
@@ -464,7 +463,8 @@ NEED_POLL_SECONDS = 0.1
 
 
 def _build_in_background(delay_seconds: float = 0.0, wanted: Callable[[], bool] | None = None) -> None:
-    _await_need(state.go, delay_seconds, wanted)
+    if _await_need(state.go, delay_seconds, wanted) == "due":
+        _await_imports(state.go, IMPORT_WAIT_SECONDS)
     with state.lock:
         if state.phase is not Phase.BUILDING or state.builder is not threading.current_thread():
             return  # abandoned, or setup() / shutdown() came first: nothing to build
@@ -502,19 +502,54 @@ def _yielding() -> Iterator[None]:
             sys.setswitchinterval(previous)
 
 
-def _await_need(go: threading.Event, delay_seconds: float, wanted: Callable[[], bool] | None) -> None:
-    """Return once ``go`` is set, ``wanted()`` holds (or fails) or ``delay_seconds`` have passed."""
+def _await_need(go: threading.Event, delay_seconds: float, wanted: Callable[[], bool] | None) -> str:
+    """Return once ``go`` is set (``"asked"``), ``wanted()`` holds or fails (``"wanted"``) or ``delay_seconds`` have
+    passed (``"due"``)."""
     deadline = time.monotonic() + delay_seconds
     while not go.is_set():
         left = deadline - time.monotonic()
         if left <= 0:
-            return
+            return "due"
         try:
             if wanted is not None and wanted():
-                return
+                return "wanted"
         except Exception:
-            return
+            return "wanted"
         go.wait(min(NEED_POLL_SECONDS, left))
+    return "asked"
+
+
+#: How long a build that is due waits for the main thread to finish the imports it is in; how often it looks.
+IMPORT_WAIT_SECONDS = 5.0
+IMPORT_POLL_SECONDS = 0.05
+
+
+def _await_imports(go: threading.Event, timeout_seconds: float) -> None:
+    """Wait while the main thread is importing, until ``go`` is set or ``timeout_seconds`` have passed.
+
+    Imports are CPU-bound Python, as the build is: side by side under one GIL, each hands it to the other at every
+    file read, and both take longer than one after the other (measured on a 2-core machine: a worker's life with
+    ``import torch`` +0.50 s with the build beside the import, +0.10 s without it; the agent's start-up +0.40 s
+    against +0.20 s). After them, a rank mostly waits in native code (``init_process_group``, collectives, data
+    loading), which leaves the GIL to the build. A script that does all its work inside an import (its training
+    loop at a module's top level) gets its build after ``timeout_seconds`` all the same."""
+    deadline = time.monotonic() + timeout_seconds
+    while not go.is_set() and _main_thread_importing():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        go.wait(min(IMPORT_POLL_SECONDS, left))
+
+
+def _main_thread_importing() -> bool:
+    """Whether the main thread is inside an import (a frame of ``importlib._bootstrap`` on its stack)."""
+    main = threading.main_thread().ident
+    frame = _compat.thread_frames().get(main) if main is not None else None
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def wait_built(timeout_seconds: float) -> bool:
