@@ -124,7 +124,8 @@ EXPORT_STALL = _setting(Setting(
 SETUP_DELAY = _setting(Setting(
     "TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS", 2000, _millis,
     "How long a worker of a bridged agent waits before it builds its exporters (some 0.15 s of CPU, which would "
-    "slow the script's own imports). A span, a metric value or more than 256 buffered events and log records "
+    "slow the script's own imports; once the delay is over, the build still waits, at most 5 s, while the worker's "
+    "main thread is importing). A span, a metric value or more than 256 buffered events and log records "
     "start the build at once; a worker that ends or is stopped sooner builds nothing: its agent sends its "
     "`torchelastic.worker.start` span, its final records and what it logged meanwhile. `0`: build at start-up.",
 ))  # fmt: skip

@@ -11,7 +11,8 @@ Every hook of the process that the bridge takes is registered here and calls int
   (a worker's terminated record, with every thread's stack); where the pipeline is not built yet, the build is
   abandoned and the unbuilt-exit hooks hand the worker's span and buffered records to its agent; then a flush of
   the READY pipeline within ``EXIT_TIMEOUT_MILLIS``, then what asked to hear whether it went out. Never a build,
-  an import or a wait for one.
+  an import or a wait for one. For a stretch in which the main thread cannot run Python (a worker's ``import
+  torch``: :func:`sigterm_in_c`), ``faulthandler`` writes the stacks from C and the process dies at once.
 - exit (:func:`install`, on the pipeline's first phase change): first, among ``threading``'s exit hooks, a build in
   progress is waited for (bounded: thread pools and new threads are refused later in the interpreter's exit);
   then :func:`at_exit` delivers what is left and shuts the bridge's providers down within
@@ -189,6 +190,20 @@ def handle_sigterm() -> bool:
 
 def uninstall_sigterm() -> None:
     _signals.uninstall()
+
+
+def sigterm_in_c(dump: Any) -> bool:
+    """While the main thread cannot run Python: SIGTERM writes the stacks to ``dump`` and ends the process at once
+    (``_process.signals.enter_native``); only for a process with nothing of its own to flush. ``False`` where the
+    watcher stays in charge."""
+    if pipeline.ready() is not None or _drainer.pending():
+        return False
+    return _signals.enter_native(dump)
+
+
+def sigterm_in_python() -> None:
+    """Back from :func:`sigterm_in_c`: the watcher and the handler run the final words again."""
+    _signals.leave_native()
 
 
 # ---- exit --------------------------------------------------------------------------------------------------------

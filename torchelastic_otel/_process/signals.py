@@ -19,6 +19,12 @@ Then:
 - a handler was installed after ours (it replaced ours): it is the application's to run; the watcher only
   delivered the telemetry.
 
+One stretch is different: while the main thread holds the GIL in native code for long -- loading torch's C++
+libraries at ``import torch``, 0.1-0.3 s -- neither the watcher nor the handler can run, and a SIGTERM would wait
+for the load to end. For such a stretch (:func:`enter_native` / :func:`leave_native`, a worker's ``import torch``)
+the signal is handled in C instead: ``faulthandler`` writes every thread's Python stack to a file and the process
+dies of SIGTERM's default action at once, as without the bridge; the agent turns the file into the record.
+
 The wakeup fd is chained too: bytes are forwarded to one that was set before. Forked children keep the handler
 (main-thread path) but not the watcher (``after_fork_in_child``); processes started with exec are unaffected (the
 pipe is close-on-exec, handlers reset on exec).
@@ -38,7 +44,7 @@ from typing import Any
 from torchelastic_otel import _compat
 from torchelastic_otel._process import stacks as _stacks
 
-__all__ = ["install", "uninstall", "installed"]
+__all__ = ["install", "uninstall", "installed", "enter_native", "leave_native"]
 
 _logger = logging.getLogger("torchelastic_otel")
 
@@ -58,6 +64,7 @@ class _Watcher:
         self.forward_fd = -1
         self.thread: threading.Thread | None = None
         self.stopping = False
+        self.native = False  # between enter_native() and leave_native()
 
     # -- the handler in the main thread ---------------------------------------------------------------------------
 
@@ -226,11 +233,51 @@ def install(on_terminate: OnTerminate, bound_millis: int) -> bool:
         return True
 
 
+def enter_native(dump: Any) -> bool:
+    """From now on, until :func:`leave_native`, a SIGTERM makes ``faulthandler`` write every thread's Python stack to
+    ``dump`` (an open file) from C and ends the process by SIGTERM's default action at once: no Python runs. Main
+    thread only, and only where the bridge's handler stands in for the default action (an application's handler
+    must still run); ``False`` where nothing changed. There is no handler between the two calls below: a SIGTERM
+    landing there ends the process by the default action (without its stacks)."""
+    watcher = _watcher
+    if watcher is None or watcher.native or threading.current_thread() is not threading.main_thread():
+        return False
+    if watcher.previous not in (signal.SIG_DFL, None) or signal.getsignal(signal.SIGTERM) != watcher.handler:
+        return False
+    import faulthandler
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        faulthandler.register(signal.SIGTERM, file=dump, all_threads=True, chain=True)
+    except Exception:
+        signal.signal(signal.SIGTERM, watcher.handler)
+        return False
+    watcher.native = True
+    return True
+
+
+def leave_native() -> None:
+    """Back to the watcher and the handler after :func:`enter_native` (main thread only)."""
+    watcher = _watcher
+    if watcher is None or not watcher.native or threading.current_thread() is not threading.main_thread():
+        return
+    import faulthandler
+
+    watcher.native = False
+    try:
+        faulthandler.unregister(signal.SIGTERM)
+    except Exception:
+        pass
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # nobody set another handler meanwhile
+        signal.signal(signal.SIGTERM, watcher.handler)
+
+
 def uninstall() -> None:
     """Undo :func:`install`: the previous handler and wakeup fd (main thread only; elsewhere nothing changes)."""
     global _watcher
     if threading.current_thread() is not threading.main_thread():
         return
+    leave_native()
     with _lock:
         watcher, _watcher = _watcher, None
         if watcher is None:
@@ -250,5 +297,14 @@ def after_fork_in_child() -> None:
         return
     watcher.claim = threading.Lock()
     watcher.done = threading.Event()
+    if watcher.native:  # the parent's dump file is not the child's: the child keeps the handler
+        try:
+            import faulthandler
+
+            faulthandler.unregister(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, watcher.handler)
+        except Exception:
+            pass
+        watcher.native = False
     if watcher.read_fd >= 0:
         watcher.disarm(thread_alive=False)

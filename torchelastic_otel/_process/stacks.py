@@ -117,3 +117,72 @@ def _library_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
 #: imports ``_sysconfigdata_*`` on first use, and this runs on the SIGTERM path, where the interrupted main thread
 #: may hold the import lock (a worker stopped while importing torch waited the whole exit bound for it).
 _STDLIB = (os.path.dirname(os.path.abspath(os.__file__)) + os.sep,)
+
+
+# ---- the stacks faulthandler wrote (a process stopped while it could not run Python) --------------------------
+
+
+def from_faulthandler(dump: str, main: int | None, names: dict[int, str]) -> Stacks:
+    """The :class:`Stacks` of ``faulthandler``'s text (``_process.signals.enter_native``): the same text as
+    :func:`capture` makes, main thread first, each with its source lines read here (the process is gone; its files
+    are on this machine). ``main``: the main thread's ident; ``names``: the threads' names where known (threads
+    started later are named ``?``, and left out when they run the bridge's code)."""
+    threads = _parse_faulthandler(dump)
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the torchelastic_otel package
+    order = sorted(threads, key=lambda ident: (ident != main, names.get(ident, "~")))
+    parts: list[str] = []
+    shown = 0
+    for ident in order:
+        name = names.get(ident, "MainThread" if ident == main else "?")
+        entries = threads[ident][:MAX_FRAMES][::-1]  # faulthandler writes the innermost frame first
+        if ident != main and (
+            name.startswith(_OWN_THREAD_PREFIX)
+            or (ident not in names and any(os.path.abspath(e.filename).startswith(own) for e in entries))
+        ):
+            continue
+        parts.append(f'Thread {ident} "{name}" (most recent call last):\n' + "".join(traceback.format_list(entries)))
+        shown += 1
+    text = "".join(parts)
+    if len(text) > MAX_CHARS:
+        text = text[: MAX_CHARS - 24] + "\n... (stacks truncated)\n"
+    main_entries = threads.get(main, [])[:MAX_FRAMES][::-1] if main is not None else []
+    return Stacks(text=text, threads=shown, user_frame=_user_entry(main_entries))
+
+
+def has_faulthandler_stacks(dump: str) -> bool:
+    """Whether ``dump`` holds what ``faulthandler`` writes for a thread (a signal landed)."""
+    return bool(_parse_faulthandler(dump))
+
+
+def _parse_faulthandler(dump: str) -> dict[int, list[traceback.FrameSummary]]:
+    import re
+
+    header = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-fA-F]+)")
+    frame = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
+    threads: dict[int, list[traceback.FrameSummary]] = {}
+    current: list[traceback.FrameSummary] | None = None
+    for line in dump.splitlines():
+        found = header.match(line)
+        if found:
+            current = threads.setdefault(int(found.group(1), 16), [])
+            continue
+        found = frame.match(line)
+        if found and current is not None:
+            number = int(found.group(2)) if found.group(2).isdigit() else 0
+            current.append(traceback.FrameSummary(found.group(1), number, found.group(3).strip()))
+    return threads
+
+
+def _user_entry(entries: list[traceback.FrameSummary]) -> UserFrame | None:
+    """:func:`user_frame` for the entries of a stack, outermost first."""
+    packages, stdlib = _library_roots()
+    start = len(entries) - 1
+    for i, entry in enumerate(entries):
+        if entry.filename.startswith("<frozen importlib"):
+            start = i - 1  # the caller of the outermost import in progress
+            break
+    for entry in reversed(entries[: start + 1]):
+        path = entry.filename
+        if not path.startswith("<") and not _in_library(os.path.abspath(path), packages, stdlib):
+            return UserFrame(path, entry.lineno or 0, entry.name)
+    return None

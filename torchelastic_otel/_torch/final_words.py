@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import os
+import threading
 from typing import Any
 
 from opentelemetry import trace
@@ -26,12 +27,13 @@ from torchelastic_otel import _names as names
 from torchelastic_otel import _settings
 from torchelastic_otel.resource import torchrun_attributes
 
-__all__ = ["write", "write_span", "delivered", "deliver", "DIR_ENV"]
+__all__ = ["write", "write_span", "open_for_native_stop", "delivered", "deliver", "DIR_ENV"]
 
 _logger = logging.getLogger("torchelastic_otel")
 
 DIR_ENV = _settings.FAILURE_DIR.name
 _PREFIX = "final-"
+_NATIVE_PREFIX = "native-"
 #: Bound on what the agent reads of one file (the stacks of a process with many threads are cut at 8 KiB already).
 MAX_BYTES = 256 * 1024
 _sequence = itertools.count()
@@ -52,12 +54,7 @@ def write(fields: dict[str, Any], ctx: Any = None) -> str | None:
     if not directory:
         return None
     try:
-        data = {key: _plain(value) for key, value in fields.items()}
-        data["resource"] = torchrun_attributes()
-        span_context = trace.get_current_span(ctx).get_span_context() if ctx is not None else None
-        if span_context is not None and span_context.is_valid:
-            data["trace_id"], data["span_id"] = span_context.trace_id, span_context.span_id
-            data["trace_flags"] = int(span_context.trace_flags)
+        data = _data(fields, ctx)
         path = os.path.join(directory, f"{_PREFIX}{os.getpid()}-{next(_sequence)}.json")
         tmp = f"{path}.tmp"
         with open(tmp, "w", encoding="utf-8", errors="replace") as fh:
@@ -68,10 +65,57 @@ def write(fields: dict[str, Any], ctx: Any = None) -> str | None:
         return None
 
 
+def _data(fields: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """What a file holds of a record: its fields, the worker's resource and the span context of ``ctx``."""
+    data = {key: _plain(value) for key, value in fields.items()}
+    data["resource"] = torchrun_attributes()
+    span_context = trace.get_current_span(ctx).get_span_context() if ctx is not None else None
+    if span_context is not None and span_context.is_valid:
+        data["trace_id"], data["span_id"] = span_context.trace_id, span_context.span_id
+        data["trace_flags"] = int(span_context.trace_flags)
+    return data
+
+
+def _span_fields(name: str, start_ns: int | None, end_ns: int, attributes: dict[str, Any]) -> dict[str, Any]:
+    return {"span": name, "start": start_ns or end_ns, "end": end_ns, "attributes": dict(attributes)}
+
+
 def write_span(name: str, start_ns: int | None, end_ns: int, attributes: dict[str, Any], ctx: Any = None) -> str | None:
     """Keep a span of the worker's (its ``torchelastic.worker.start``, when it exits before its pipeline was
     built) for the agent to send; the file's path, or ``None``."""
-    return write({"span": name, "start": start_ns or end_ns, "end": end_ns, "attributes": dict(attributes)}, ctx)
+    return write(_span_fields(name, start_ns, end_ns, attributes), ctx)
+
+
+def open_for_native_stop(metadata: dict[str, Any], ctx: Any, span: tuple[str, int | None, int, dict[str, Any]] | None,
+                         thread_names: dict[int, str]) -> tuple[str, Any] | None:  # fmt: skip
+    """A file for the stacks ``faulthandler`` writes if SIGTERM lands while the main thread cannot run Python
+    (``_process.signals.enter_native``), and what the agent makes of it then: its first line holds the terminated
+    record's ``metadata``, the worker's trace context, its start span (``span``: name, start, end, attributes)
+    and thread names; the stacks follow. ``(path, open file)``, or ``None``. The caller removes it afterwards
+    (:func:`delivered`); one the worker left without stacks is removed by the agent, unsent."""
+    directory = _settings.FAILURE_DIR.get()
+    if not directory:
+        return None
+    path = os.path.join(directory, f"{_NATIVE_PREFIX}{os.getpid()}-{next(_sequence)}.stacks")
+    try:
+        head = {
+            "metadata": {str(k): _plain(v) for k, v in metadata.items()},
+            "record": _data({}, ctx),
+            "span": _data(_span_fields(*span), ctx) if span is not None else None,
+            "main": threading.main_thread().ident,
+            "threads": {str(ident): name for ident, name in thread_names.items()},
+        }
+        fh = open(path, "w", encoding="utf-8", errors="replace")
+    except Exception:
+        return None
+    try:
+        fh.write(json.dumps(head, ensure_ascii=True) + "\n")
+        fh.flush()
+        return path, fh
+    except Exception:
+        fh.close()
+        delivered(path)
+        return None
 
 
 def _plain(value: Any) -> Any:
@@ -100,14 +144,15 @@ def deliver(directory: str | None, current: Any) -> int:
         return 0
     sources = _Sources(current)
     try:
-        files = sorted(name for name in os.listdir(directory) if name.startswith(_PREFIX) and name.endswith(".json"))
+        files = sorted(name for name in os.listdir(directory) if name.startswith(_PREFIX) and name.endswith(".json")
+                       or name.startswith(_NATIVE_PREFIX) and name.endswith(".stacks"))  # fmt: skip
     except OSError:
         return 0
     sent = 0
     for name in files:
         path = os.path.join(directory, name)
         try:
-            sent += _send(path, sources)
+            sent += _send_native(path, sources) if name.startswith(_NATIVE_PREFIX) else _send(path, sources)
         except Exception:
             from torchelastic_otel import _selftelemetry as selftelemetry
 
@@ -155,9 +200,55 @@ class _Sources:
         return made["handler"]
 
 
+def _send_native(path: str, sources: _Sources) -> int:
+    """The records of a worker that SIGTERM ended while it could not run Python (:func:`open_for_native_stop`): its
+    ``torchelastic.worker.terminated`` record, with the stacks and the line ``faulthandler`` found it on, and its
+    start span. Nothing for a file without stacks (no signal landed: the worker went on, or died another way)."""
+    from torchelastic_otel._process import stacks as _stacks
+
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        head_line = fh.readline(MAX_BYTES)
+        dump = fh.read(MAX_BYTES)
+    if not _stacks.has_faulthandler_stacks(dump):
+        return 0
+    head = json.loads(head_line)
+    names_by_ident = {int(k): str(v) for k, v in (head.get("threads") or {}).items() if str(k).isdigit()}
+    main = head.get("main") if isinstance(head.get("main"), int) else None
+    stacks = _stacks.from_faulthandler(dump, main, names_by_ident)
+    stopped_ns = os.stat(path).st_mtime_ns  # when faulthandler wrote: the worker's death
+    sent = 0
+    if isinstance(head.get("span"), dict):
+        sent += _send_data(head["span"], sources)
+    sent += _send_data(_native_terminated(head, stacks, stopped_ns), sources)
+    return sent
+
+
+def _native_terminated(head: dict[str, Any], stacks: Any, stopped_ns: int) -> dict[str, Any]:
+    """The terminated record the worker would have sent (``_torch.worker.hooks``), from what the file holds."""
+    from torchelastic_otel.events import _otel as event_adapter
+    from torchelastic_otel.events.api import Event, EventSource
+
+    metadata = dict(head.get("metadata") or {})
+    if stacks.text:
+        metadata.update(stack=stacks.text, stack_threads=stacks.threads, stack_source="faulthandler")
+    event = Event(names.WORKER_TERMINATED, EventSource.WORKER, timestamp=stopped_ns // 1_000_000, metadata=metadata)
+    fields = event_adapter.to_log_fields(event)
+    frame = stacks.user_frame
+    if frame is not None:
+        fields["attributes"].update({"code.file.path": frame.path, "code.line.number": frame.line,
+                                     "code.function.name": frame.function})  # fmt: skip
+    record = dict(head.get("record") or {})
+    record.update({key: _plain(value) for key, value in fields.items()})
+    return record
+
+
 def _send(path: str, sources: _Sources) -> int:
     with open(path, encoding="utf-8", errors="replace") as fh:
         data = json.loads(fh.read(MAX_BYTES))
+    return _send_data(data, sources)
+
+
+def _send_data(data: Any, sources: _Sources) -> int:
     if not isinstance(data, dict) or not isinstance(data.get("attributes"), dict):
         raise ValueError("not a record")
     logger, tracer = sources.get(data.get("resource"))

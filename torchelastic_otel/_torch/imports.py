@@ -1,4 +1,5 @@
-"""Post-import hooks: run a callback once a module has been imported, without importing it.
+"""Post-import hooks: run a callback once a module has been imported, without importing it (and callbacks around
+a module's import: :func:`around`).
 
 A worker must not pay for torch's import (~1 s) when its script never imports torch, yet torch's events and
 metrics modules must be bridged as soon as the script imports them. :func:`when_imported` does that: at once if
@@ -30,10 +31,12 @@ if TYPE_CHECKING:
 
     Callback = Callable[[ModuleType], Any]
 
-__all__ = ["when_imported", "cancel", "pending"]
+__all__ = ["when_imported", "cancel", "pending", "around"]
 
 _lock = _thread.RLock()
 _hooks: "dict[str, list[Callback]]" = {}
+#: ``(before, after)`` pairs of :func:`around`, by module name.
+_around: "dict[str, list[tuple[Callable[[], Any], Callable[[], Any]]]]" = {}
 
 
 def when_imported(name: str, callback: "Callback") -> None:
@@ -46,6 +49,29 @@ def when_imported(name: str, callback: "Callback") -> None:
         _hooks.setdefault(name, []).append(callback)
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
+
+
+def around(name: str, before: "Callable[[], Any]", after: "Callable[[], Any]") -> bool:
+    """Run ``before()`` right before module ``name``'s code runs and ``after()`` right after it, also when it
+    raises, both in the thread that imports it; once. ``False`` (nothing registered) if it is imported already."""
+    if name in sys.modules:
+        return False
+    with _lock:
+        _around.setdefault(name, []).append((before, after))
+        if _FINDER not in sys.meta_path:
+            sys.meta_path.insert(0, _FINDER)
+    return True
+
+
+def cancel_around(name: str, before: "Callable[[], Any]") -> None:
+    """Forget the pair of :func:`around` whose ``before`` is ``before``, if its import has not begun."""
+    with _lock:
+        pairs = [pair for pair in _around.get(name, []) if pair[0] is not before]
+        if pairs:
+            _around[name] = pairs
+        else:
+            _around.pop(name, None)
+        _leave_if_idle()
 
 
 def cancel(name: str, callback: "Callback") -> None:
@@ -66,7 +92,7 @@ def pending() -> list[str]:
 
 
 def _leave_if_idle() -> None:
-    if not _hooks and _FINDER in sys.meta_path:
+    if not _hooks and not _around and _FINDER in sys.meta_path:
         try:
             sys.meta_path.remove(_FINDER)
         except ValueError:
@@ -96,11 +122,20 @@ def _run(name: str, callback: "Callback", module: "ModuleType") -> None:
             pass
 
 
+def _ignoring_module(call: "Callable[[], Any]") -> "Callback":
+    """A callback of :func:`around` (no argument) as :func:`_run` calls one."""
+
+    def callback(_module: "ModuleType") -> None:
+        call()
+
+    return callback
+
+
 class _Finder:
     """Finds nothing itself: wraps the loader of a spec the other finders found for a hooked module."""
 
     def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
-        if fullname not in _hooks:
+        if fullname not in _hooks and fullname not in _around:
             return None
         for finder in list(sys.meta_path):
             if finder is self:
@@ -140,7 +175,16 @@ class _Loader:
             spec.loader = self.loader
         if getattr(module, "__loader__", None) is self:
             module.__loader__ = self.loader
-        self.loader.exec_module(module)
+        with _lock:
+            pairs = _around.pop(self.name, [])
+            _leave_if_idle()
+        for before, _after in pairs:
+            _run(self.name, _ignoring_module(before), module)
+        try:
+            self.loader.exec_module(module)
+        finally:
+            for _before, after in reversed(pairs):
+                _run(self.name, _ignoring_module(after), module)
         _fire(self.name, sys.modules.get(self.name, module))
 
     def __getattr__(self, attribute: str) -> "Any":  # get_source, get_filename, is_package, ... of the real loader

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -34,7 +35,7 @@ from torchelastic_otel._export import attributes as _attributes
 from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel._process import runtime
 from torchelastic_otel._process import stacks as _stacks
-from torchelastic_otel._torch import final_words, root_cause
+from torchelastic_otel._torch import final_words, imports, root_cause
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker import log_records as worker_logging
 from torchelastic_otel._torch.worker import training
@@ -60,6 +61,7 @@ class _Worker:
         self.final_logger: Any = None
         self.final_extras: list[Any] = []  # the training telemetry's collectives summary (``add_final_metadata``)
         self.emitted: list[str] = []  # final words emitted and kept for the agent
+        self.start_span: tuple[str, int | None, int, dict[str, Any]] | None = None  # name, start, end, attributes
 
 
 _worker = _Worker()
@@ -107,6 +109,7 @@ def _join_agent_trace(patches: Patches) -> None:
         """The events and log records buffered for the pipeline, kept for the agent the same way."""
         return _drainer.hand_over_all(lambda fields, record_ctx: final_words.write(fields, record_ctx or ctx))
 
+    _worker.start_span = (names.WORKER_START, start_ns, end_ns, attributes)
     pipeline.when_ready(start_span)  # a worker's pipeline is built beside its start-up (``pipeline``)
     if final_words.has_agent():  # else an exit waits for the build: nobody would send what it handed over
         runtime.add_unbuilt_exit_hook(hand_to_agent)
@@ -217,6 +220,46 @@ def _install_sigterm(patches: Patches) -> None:
         patches.on_restore(runtime.uninstall_sigterm)
 
 
+def _stop_in_c_while_torch_loads(patches: Patches) -> None:
+    """While ``import torch`` runs, a SIGTERM is handled in C (``runtime.sigterm_in_c``): torch's import loads its
+    C++ libraries holding the GIL for 0.1-0.3 s, during which no Python runs -- the watcher's final words waited
+    for the load to end, and the rank died that much later than under plain torchrun. So for the import, the
+    stacks go to a file the agent turns into the terminated record (with the start span: ``final_words``), and the
+    process dies at once. Only for a worker of a bridged agent (someone reads the file) that has nothing of its own
+    to flush when the import begins (no pipeline READY, nothing buffered); after the import, as before."""
+    if not final_words.has_agent():
+        return
+    held: list[tuple[str, Any]] = []
+
+    def before() -> None:
+        metadata = {**_final_metadata(), "state": "TERMINATED", "signal": "SIGTERM"}
+        threads = {thread.ident: thread.name for thread in threading.enumerate() if thread.ident is not None}
+        opened = final_words.open_for_native_stop(metadata, _worker.attempt, _worker.start_span, threads)
+        if opened is None:
+            return
+        if runtime.sigterm_in_c(opened[1]):
+            held.append(opened)
+        else:
+            _discard(opened)
+
+    def after() -> None:
+        runtime.sigterm_in_python()
+        while held:
+            _discard(held.pop())
+
+    if imports.around("torch", before, after):
+        patches.on_restore(lambda: imports.cancel_around("torch", before))
+
+
+def _discard(opened: tuple[str, Any]) -> None:
+    path, fh = opened
+    try:
+        fh.close()
+    except Exception:
+        pass
+    final_words.delivered(path)
+
+
 def _install_excepthook(patches: Patches) -> None:
     previous = sys.excepthook
 
@@ -246,6 +289,7 @@ def install(patches: Patches) -> None:
     patches.on_restore(lambda: pipeline.remove_listener(_keep_final_logger))
     _keep_final_logger()
     _install_sigterm(patches)
+    _stop_in_c_while_torch_loads(patches)
     _install_excepthook(patches)
     worker_logging.install(patches, attempt_context)
     training.install(patches, add_final_metadata)  # steps, stragglers, stalls; the final records carry its summary
