@@ -33,7 +33,8 @@ CACHE = Path(os.environ.get("TORCHELASTIC_OTEL_COMPAT_CACHE") or Path.home() / "
 
 #: What every combination runs: real torchrun jobs through the three routes, workers blocked in native code and
 #: SIGTERMed, worker set-up, failure reports, the event/metric mapping, both APIs and the pinned internals; the final
-#: words of bridge-unaware scripts wherever the signal lands, and the processes a worker starts.
+#: words of bridge-unaware scripts wherever the signal lands (inside torch's import too), and the processes a worker
+#: starts.
 TESTS = (
     "tests/jobs/test_torchrun.py",
     "tests/jobs/test_worker_sigterm.py",
@@ -45,6 +46,7 @@ TESTS = (
     "tests/unit/test_compat.py",
     "tests/unit/test_compat_releases.py",
     "tests/jobs/test_final_words.py",
+    "tests/jobs/test_sigterm_in_torch_import.py",
     "tests/jobs/test_descendants.py",
 )
 #: The test tools (the ``test`` extra without the packages whose releases a combination pins).

@@ -24,6 +24,7 @@ import pytest
 
 from tests.support import ROOT
 from tests.support.jobs import job_env
+from tests.support.marks import needs_a_deferred_build
 from tests.support.otlp_receiver import OtlpReceiver
 
 pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
@@ -64,6 +65,7 @@ def _rank_0(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [i for i in items if str(i["resource"].get("torchelastic.rank")) == "0"]
 
 
+@needs_a_deferred_build  # else its pipeline is READY before the import: the watcher's words, as before
 def test_a_rank_stopped_while_loading_torch_dies_at_once_and_its_agent_sends_its_stacks(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT)
