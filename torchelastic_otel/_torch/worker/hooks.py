@@ -9,7 +9,9 @@ carries the run, role and ranks (``torchelastic_otel.resource``). Here:
 - SIGTERM (how the agent stops workers) exports a ``torchelastic.worker.terminated`` record with the Python stack
   of every thread and flushes before the process ends -- also when the rank is blocked in native code (a
   collective, ``init_process_group``), where a Python handler would not run before the agent's SIGKILL
-  (``_process.signals``); the process then dies of SIGTERM as it would without the bridge;
+  (``_process.signals``); the process then dies of SIGTERM as it would without the bridge. While ``import torch``
+  loads torch's C++ libraries, when no Python can run, the stacks are written from C and the agent sends the record
+  (``_stop_in_c_while_torch_loads``);
 - an uncaught exception is exported as a ``torchelastic.worker.exception`` event (ERROR, with the traceback) and
   flushed at once: after gloo use the interpreter may abort at exit before ``atexit`` would run;
 - Python ``logging`` records become log records (``worker_logging``). The worker's stdout and stderr are captured
