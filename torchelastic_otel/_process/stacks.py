@@ -12,8 +12,10 @@ import os
 import sys
 import threading
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 from torchelastic_otel import _compat
 
@@ -50,21 +52,31 @@ def capture(main_frame: FrameType | None = None) -> Stacks:
         frames[main] = main_frame
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     me = threading.get_ident()
-    order = sorted(frames, key=lambda ident: (ident != main, names.get(ident, "~")))
-    parts: list[str] = []
-    shown = 0
-    for ident in order:
-        name = names.get(ident, "?")
-        if ident == me and ident != main or name.startswith(_OWN_THREAD_PREFIX):
-            continue
-        entries = traceback.extract_stack(frames[ident], limit=MAX_FRAMES)
-        parts.append(f'Thread {ident} "{name}" (most recent call last):\n' + "".join(traceback.format_list(entries)))
-        shown += 1
+    shown: dict[int, list[traceback.FrameSummary]] = {
+        ident: traceback.extract_stack(frame, limit=MAX_FRAMES)
+        for ident, frame in frames.items()
+        if not (ident == me and ident != main or names.get(ident, "?").startswith(_OWN_THREAD_PREFIX))
+    }
+    text, threads = _text(shown, main, names)
+    frame = frames.get(main) if main is not None else None
+    return Stacks(text=text, threads=threads, user_frame=user_frame(frame))
+
+
+def _text(
+    stacks: Mapping[int, list[traceback.FrameSummary]], main: int | None, names: Mapping[Any, str]
+) -> tuple[str, int]:
+    """The text of ``stacks`` (each outermost frame first), main thread first, then by name; bounded; and how many
+    threads it shows."""
+    order = sorted(stacks, key=lambda ident: (ident != main, names.get(ident, "~")))
+    parts = [
+        f'Thread {ident} "{names.get(ident, "?")}" (most recent call last):\n'
+        + "".join(traceback.format_list(stacks[ident]))
+        for ident in order
+    ]
     text = "".join(parts)
     if len(text) > MAX_CHARS:
         text = text[: MAX_CHARS - 24] + "\n... (stacks truncated)\n"
-    frame = frames.get(main) if main is not None else None
-    return Stacks(text=text, threads=shown, user_frame=user_frame(frame))
+    return text, len(parts)
 
 
 def user_frame(frame: FrameType | None) -> UserFrame | None:
@@ -72,24 +84,27 @@ def user_frame(frame: FrameType | None) -> UserFrame | None:
     standard library: the line of the user's script (or of a training library it uses). A process stopped while
     importing is on the line of the outermost ``import`` (``import torch``), not in whatever module torch was
     importing then (NumPy's, say)."""
-    packages, stdlib = _library_roots()
-    frame = _outside_imports(frame)
+    entries = []
     while frame is not None:
-        path = frame.f_code.co_filename
-        if not path.startswith("<") and not _in_library(os.path.abspath(path), packages, stdlib):
-            return UserFrame(path, frame.f_lineno or 0, frame.f_code.co_name)
+        entries.append(traceback.FrameSummary(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name,
+                                              lookup_line=False))  # fmt: skip
         frame = frame.f_back
+    return _user_entry(entries[::-1])
+
+
+def _user_entry(entries: list[traceback.FrameSummary]) -> UserFrame | None:
+    """:func:`user_frame` for the entries of a stack, outermost first."""
+    packages, stdlib = _library_roots()
+    start = len(entries) - 1
+    for i, entry in enumerate(entries):
+        if entry.filename.startswith("<frozen importlib"):
+            start = i - 1  # the caller of the outermost import in progress
+            break
+    for entry in reversed(entries[: start + 1]):
+        path = entry.filename
+        if not path.startswith("<") and not _in_library(os.path.abspath(path), packages, stdlib):
+            return UserFrame(path, entry.lineno or 0, entry.name)
     return None
-
-
-def _outside_imports(frame: FrameType | None) -> FrameType | None:
-    """The caller of the outermost import in progress (``<frozen importlib._bootstrap>``), or ``frame``."""
-    outside, current = frame, frame
-    while current is not None:
-        if current.f_code.co_filename.startswith("<frozen importlib"):
-            outside = current.f_back
-        current = current.f_back
-    return outside
 
 
 def _in_library(path: str, packages: tuple[str, ...], stdlib: tuple[str, ...]) -> bool:
@@ -127,26 +142,25 @@ def from_faulthandler(dump: str, main: int | None, names: dict[int, str]) -> Sta
     :func:`capture` makes, main thread first, each with its source lines read here (the process is gone; its files
     are on this machine). ``main``: the main thread's ident; ``names``: the threads' names where known (threads
     started later are named ``?``, and left out when they run the bridge's code)."""
-    threads = _parse_faulthandler(dump)
+    # faulthandler writes the innermost frame first
+    threads = {ident: entries[:MAX_FRAMES][::-1] for ident, entries in _parse_faulthandler(dump).items()}
     own = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the torchelastic_otel package
-    order = sorted(threads, key=lambda ident: (ident != main, names.get(ident, "~")))
-    parts: list[str] = []
-    shown = 0
-    for ident in order:
-        name = names.get(ident, "MainThread" if ident == main else "?")
-        entries = threads[ident][:MAX_FRAMES][::-1]  # faulthandler writes the innermost frame first
-        if ident != main and (
-            name.startswith(_OWN_THREAD_PREFIX)
-            or (ident not in names and any(os.path.abspath(e.filename).startswith(own) for e in entries))
-        ):
-            continue
-        parts.append(f'Thread {ident} "{name}" (most recent call last):\n' + "".join(traceback.format_list(entries)))
-        shown += 1
-    text = "".join(parts)
-    if len(text) > MAX_CHARS:
-        text = text[: MAX_CHARS - 24] + "\n... (stacks truncated)\n"
-    main_entries = threads.get(main, [])[:MAX_FRAMES][::-1] if main is not None else []
-    return Stacks(text=text, threads=shown, user_frame=_user_entry(main_entries))
+    named = dict(names)
+    if main is not None:
+        named.setdefault(main, "MainThread")
+    shown = {
+        ident: entries
+        for ident, entries in threads.items()
+        if ident == main
+        or not (
+            named.get(ident, "?").startswith(_OWN_THREAD_PREFIX)
+            or (ident not in named and any(os.path.abspath(e.filename).startswith(own) for e in entries))
+        )
+    }
+    text, shown_threads = _text(shown, main, named)
+    return Stacks(
+        text=text, threads=shown_threads, user_frame=_user_entry(threads.get(main, []) if main is not None else [])
+    )
 
 
 def has_faulthandler_stacks(dump: str) -> bool:
@@ -171,18 +185,3 @@ def _parse_faulthandler(dump: str) -> dict[int, list[traceback.FrameSummary]]:
             number = int(found.group(2)) if found.group(2).isdigit() else 0
             current.append(traceback.FrameSummary(found.group(1), number, found.group(3).strip()))
     return threads
-
-
-def _user_entry(entries: list[traceback.FrameSummary]) -> UserFrame | None:
-    """:func:`user_frame` for the entries of a stack, outermost first."""
-    packages, stdlib = _library_roots()
-    start = len(entries) - 1
-    for i, entry in enumerate(entries):
-        if entry.filename.startswith("<frozen importlib"):
-            start = i - 1  # the caller of the outermost import in progress
-            break
-    for entry in reversed(entries[: start + 1]):
-        path = entry.filename
-        if not path.startswith("<") and not _in_library(os.path.abspath(path), packages, stdlib):
-            return UserFrame(path, entry.lineno or 0, entry.name)
-    return None
