@@ -52,8 +52,9 @@ IMPORT_LINE = 9
 _REPORT = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
-def _run(launcher: str, script: Path, flag_dir: Path, rx: OtlpReceiver) -> subprocess.CompletedProcess[str]:
-    env = job_env(rx, FLAG_DIR=str(flag_dir))
+def _run(launcher: str, script: Path, flag_dir: Path, rx: OtlpReceiver,
+         **extra: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    env = job_env(rx, FLAG_DIR=str(flag_dir), **extra)
     if launcher == "torch.distributed.run":
         env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
     cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1",
@@ -106,3 +107,82 @@ def test_a_rank_stopped_while_loading_torch_dies_at_once_and_its_agent_sends_its
         assert item["attributes"]["torchelastic.delivered_by"] == "agent", item
     assert span["parent_span_id"] in attempts, (span, attempts)
     assert record["trace_id"] == span["trace_id"], (record, span)
+
+
+#: Rank 0's script starts a thread that, once the main thread is inside ``import torch``, logs more than 256
+#: records (so the worker's pipeline is built at once, before the import ends) and, once the pipeline is READY and
+#: its batch span processor (``OTEL_BSP_SCHEDULE_DELAY``, 200 ms) would have exported a span it held, marks a file;
+#: rank 1 waits for the mark and exits 1, so the agent SIGTERMs rank 0 while it still imports torch.
+_BUILT_DURING_THE_IMPORT = """\
+import logging, os, sys, threading, time
+flag = os.path.join(os.environ["FLAG_DIR"], "rank-0-built")
+if os.environ["RANK"] == "1":
+    deadline = time.monotonic() + 60
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    sys.exit(1)
+
+def built() -> bool:
+    return "opentelemetry.sdk.trace" in sys.modules and not any(
+        t.name == "torchelastic-otel-setup" for t in threading.enumerate())
+
+def prefetch() -> None:
+    deadline = time.monotonic() + 60
+    while "torch" not in sys.modules and time.monotonic() < deadline:
+        time.sleep(0.001)
+    for i in range(300):
+        logging.getLogger("prefetch").warning("prefetched batch %d", i)
+    while not built() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    open(flag, "w").close()
+
+threading.Thread(target=prefetch, daemon=True).start()
+import torch  # the stand-in beside this script: its import lasts until the rank is stopped
+print("rank 0 has imported torch", flush=True)
+time.sleep(60)
+"""
+
+#: Stands in for torch's import, whose length is not the test's to choose (1-2 s on a 2-core machine, less on a
+#: faster one); it runs Python where torch's loads C++ libraries, which makes no difference to a SIGTERM handled in
+#: C. Only rank 0 of this test's job imports it; the agent imports the real torch.
+_SLOW_TORCH = """\
+import os, time
+flag = os.path.join(os.environ["FLAG_DIR"], "rank-0-built")
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline and not (os.environ.get("IMPORT_ENDS") and os.path.exists(flag)):
+    time.sleep(0.01)
+"""
+
+
+@needs_a_deferred_build
+@pytest.mark.parametrize("import_ends", [False, True], ids=["stopped-in-the-import", "import-ends-first"])
+def test_a_pipeline_built_during_the_import_sends_the_start_span_once(tmp_path: Path, import_ends: bool) -> None:
+    """While ``import torch`` runs with SIGTERM handled in C, the file the agent turns into the terminated record
+    also holds the worker's start span. A pipeline that another thread of the script has built meanwhile does not
+    send the span as well: a stop in that stretch has the agent send it; an import that ends first has the
+    worker's pipeline send it then (and the SIGTERM that follows is the watcher's) -- once either way."""
+    script = tmp_path / "train.py"
+    script.write_text(_BUILT_DURING_THE_IMPORT)
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(_SLOW_TORCH)
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    with OtlpReceiver() as rx:
+        done = _run("torchelastic_otel.run", script, flags, rx, **({"IMPORT_ENDS": "1"} if import_ends else {}))
+        output = done.stdout + done.stderr
+        assert ("rank 0 has imported torch" in output) == import_ends and FORCED_KILL not in output, output[-3000:]
+        assert done.returncode == 1 and _REPORT.findall(output), output[-3000:]
+
+        def arrived(r: OtlpReceiver) -> bool:
+            prefetched = [i for i in _rank_0(r.logs()) if "prefetched batch" in str(i.get("body"))]
+            return bool(prefetched and _rank_0(r.logs(TERMINATED)) and _rank_0(r.spans("torchelastic.worker.start")))
+
+        # the prefetch records come from rank 0's own pipeline: it was READY inside the import
+        assert rx.wait_for(arrived, timeout=TELEMETRY_WAIT), output[-3000:]
+        (record,) = _rank_0(rx.logs(TERMINATED))
+        source = record["attributes"].get("torchelastic.stack_source")
+        assert (source == "faulthandler") != import_ends, record  # stopped in C, or by the watcher afterwards
+        spans = _rank_0(rx.spans("torchelastic.worker.start"))
+    assert len(spans) == 1, spans
+    assert (spans[0]["attributes"].get("torchelastic.delivered_by") == "agent") != import_ends, spans

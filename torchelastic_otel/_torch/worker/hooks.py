@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -64,6 +65,44 @@ class _Worker:
         self.final_extras: list[Any] = []  # the training telemetry's collectives summary (``add_final_metadata``)
         self.emitted: list[str] = []  # final words emitted and kept for the agent
         self.start_span: tuple[str, int | None, int, dict[str, Any]] | None = None  # name, start, end, attributes
+        self.span = _SpanOwner()
+
+
+class _SpanOwner:
+    """Who sends the worker's start span: the pipeline once READY, unless a native stop's file holds it.
+
+    While ``import torch`` runs with SIGTERM handled in C (:func:`_stop_in_c_while_torch_loads`), the file the agent
+    would turn into the terminated record carries the start span too. A pipeline that becomes READY in that stretch
+    (another thread of the script asked for it) then leaves the span to the file until the stretch ends: a stop in
+    C has the agent send it, else it goes out through the pipeline once the import is over -- once either way."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held = False
+        self._deferred: list[Callable[[], Any]] = []
+
+    def hold(self) -> None:
+        with self._lock:
+            self._held = True
+
+    def send(self, send: Callable[[], Any]) -> None:
+        """``send()`` now, or when :meth:`release` ends the hold."""
+        with self._lock:
+            if self._held:
+                self._deferred.append(send)
+                return
+        send()
+
+    def release(self) -> None:
+        """End the hold; what waited for it goes out now (in the caller's thread)."""
+        with self._lock:
+            self._held = False
+            deferred, self._deferred = self._deferred, []
+        for send in deferred:
+            try:
+                send()
+            except Exception:
+                pass  # as a failed READY callback: the span is lost, the worker goes on
 
 
 _worker = _Worker()
@@ -112,7 +151,7 @@ def _join_agent_trace(patches: Patches) -> None:
         return _drainer.hand_over_all(lambda fields, record_ctx: final_words.write(fields, record_ctx or ctx))
 
     _worker.start_span = (names.WORKER_START, start_ns, end_ns, attributes)
-    pipeline.when_ready(start_span)  # a worker's pipeline is built beside its start-up (``pipeline``)
+    pipeline.when_ready(lambda: _worker.span.send(start_span))  # built beside the worker's start-up (``pipeline``)
     if final_words.has_agent():  # else an exit waits for the build: nobody would send what it handed over
         runtime.add_unbuilt_exit_hook(hand_to_agent)
         runtime.add_unbuilt_exit_hook(hand_records_to_agent)
@@ -236,15 +275,21 @@ def _stop_in_c_while_torch_loads(patches: Patches) -> None:
     def before() -> None:
         metadata = {**_final_metadata(), "state": "TERMINATED", "signal": "SIGTERM"}
         threads = {thread.ident: thread.name for thread in threading.enumerate() if thread.ident is not None}
-        opened = final_words.open_for_native_stop(metadata, _worker.attempt, _worker.start_span, threads)
-        if opened is None:
-            return
-        if runtime.sigterm_in_c(opened[1]):
-            held.append(opened)
-        else:
-            _discard(opened)
+        _worker.span.hold()  # before the check of sigterm_in_c: a pipeline READY after it leaves the span to the file
+        entered = False
+        try:
+            opened = final_words.open_for_native_stop(metadata, _worker.attempt, _worker.start_span, threads)
+            if opened is not None:
+                entered = runtime.sigterm_in_c(opened[1])
+                (held.append if entered else _discard)(opened)
+        finally:
+            if not entered:
+                _worker.span.release()
 
     def after() -> None:
+        if not held:
+            return
+        _worker.span.release()  # sent while SIGTERM still ends the process in C: a stop now has the file send it
         runtime.sigterm_in_python()
         while held:
             _discard(held.pop())
