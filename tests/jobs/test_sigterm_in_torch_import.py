@@ -128,8 +128,8 @@ def built() -> bool:
 
 def prefetch() -> None:
     deadline = time.monotonic() + 60
-    while "torch" not in sys.modules and time.monotonic() < deadline:
-        time.sleep(0.001)
+    while not getattr(sys.modules.get("torch"), "LOADING", False) and time.monotonic() < deadline:
+        time.sleep(0.001)  # until the stand-in's code runs (in sys.modules a moment before)
     for i in range(300):
         logging.getLogger("prefetch").warning("prefetched batch %d", i)
     while not built() and time.monotonic() < deadline:
@@ -147,6 +147,7 @@ time.sleep(60)
 #: faster one); it runs Python where torch's loads C++ libraries, which makes no difference to a SIGTERM handled in
 #: C. Only rank 0 of this test's job imports it; the agent imports the real torch.
 _SLOW_TORCH = """\
+LOADING = True
 import os, time
 flag = os.path.join(os.environ["FLAG_DIR"], "rank-0-built")
 deadline = time.monotonic() + 60
