@@ -57,7 +57,7 @@ def paired_differences(kind: list[float], plain: list[float]) -> tuple[float, fl
     """Lower quartile, median and upper quartile of ``kind - plain`` within each round: the jobs of a round run one
     after the other, so a machine that is slower for a while slows them alike; the spread says how far apart runs
     of the same code land (on a 2-core machine, some 0.3 s)."""
-    differences = sorted(k - p for k, p in zip(kind, plain, strict=True))
+    differences = [k - p for k, p in zip(kind, plain, strict=True)]
     if len(differences) < 2:
         return differences[0], differences[0], differences[0]
     low, mid, high = statistics.quantiles(differences, n=4)

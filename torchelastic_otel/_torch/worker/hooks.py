@@ -281,7 +281,10 @@ def _stop_in_c_while_torch_loads(patches: Patches) -> None:
             opened = final_words.open_for_native_stop(metadata, _worker.attempt, _worker.start_span, threads)
             if opened is not None:
                 entered = runtime.sigterm_in_c(opened[1])
-                (held.append if entered else _discard)(opened)
+                if entered:
+                    held.append(opened)
+                else:
+                    _discard(opened)
         finally:
             if not entered:
                 _worker.span.release()
