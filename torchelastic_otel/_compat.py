@@ -112,6 +112,43 @@ def torch_event_logger(destination: str) -> logging.Logger:
         return logging.getLogger(f"torchelastic-events-{destination}")
 
 
+def rdzv_method_name(original: Any) -> Callable[..., str] | None:
+    """An equal of torch's ``dynamic_rendezvous.get_method_name(depth=2)`` that reads the name from the frame.
+
+    torch's rendezvous names each of its events after the method that records it: ``inspect.stack()[depth].function``,
+    building ``inspect.stack()`` twice -- every frame's source lines read from disk, every loaded module scanned for
+    every frame. On an agent that is ~30 ms a call (0.2 s a rendezvous round; one call every keep-alive), on the
+    agent's main thread, paid even where torch then drops the event. This returns the same name
+    (``sys._getframe(depth).f_code.co_name``: the frame ``inspect.stack()`` wraps) in microseconds.
+
+    ``None`` (counted) where torch's function is not the one known here -- its parameters or what it calls changed
+    -- or this Python has no ``sys._getframe``: torch's is then kept, and the names stay torch's.
+    """
+    code = getattr(original, "__code__", None)
+    known = (
+        code is not None
+        and code.co_varnames[: code.co_argcount] == ("depth",)
+        and getattr(original, "__defaults__", None) == (2,)
+        and {"inspect", "stack", "function"} <= set(code.co_names)
+    )
+    getframe = getattr(sys, "_getframe", None)
+    if not known or getframe is None:
+        _fallback("torch dynamic_rendezvous.get_method_name", "not the known function" if getframe else "no frames")
+        return None
+
+    def get_method_name(depth: int = 2) -> str:
+        """torch's ``get_method_name``: the name of the function ``depth`` frames up (0: this one)."""
+        if depth < 0:
+            return original(depth)  # inspect.stack()'s negative index: torch's own walk
+        try:
+            return getframe(depth).f_code.co_name  # 0: this frame, as in ``inspect.stack()``
+        except ValueError:  # the stack is not that deep
+            return "no_method_name"
+
+    get_method_name.__torchelastic_otel__ = True  # type: ignore[attr-defined]
+    return get_method_name
+
+
 def agent_method(cls: type, name: str) -> Any:
     """The function ``cls`` itself defines as ``name`` (one of the agent's ``_``-methods the bridge wraps into
     spans); ``None`` (counted) if a torch release renamed or removed it: that span is then missing."""

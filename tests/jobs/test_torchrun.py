@@ -731,6 +731,7 @@ def _torch_state() -> dict[str, Any]:
         state[f"{module.__name__}.construct_and_record_rdzv_event"] = module.__dict__.get(
             "construct_and_record_rdzv_event"
         )
+    state["dynamic_rendezvous.get_method_name"] = dynamic_rendezvous.__dict__.get("get_method_name")
     for destination in ("null", "console"):
         state[f"logger[{destination}].handlers"] = list(torch_events._get_or_create_logger(destination).handlers)
     state.update(_worker_state())

@@ -187,6 +187,61 @@ def test_torch_event_logger_is_where_torch_record_writes() -> None:
     assert selftelemetry.total(selftelemetry.FALLBACK) == before
 
 
+class _Recorder:
+    """Calls ``name_of`` the way torch's rendezvous ``_record`` methods call ``get_method_name``: from a method
+    that the recording method calls."""
+
+    def __init__(self, name_of) -> None:  # type: ignore[no-untyped-def]
+        self.name_of = name_of
+
+    def _record(self, *depth: int) -> str:
+        return f"{self.__class__.__name__}.{self.name_of(*depth)}"
+
+    def next_rendezvous(self, *depth: int) -> str:
+        return self._record(*depth)
+
+
+@pytest.mark.parametrize("depth", [(), (0,), (1,), (2,), (3,), (4,), (200,), (-1,)])
+def test_rdzv_method_name_gives_torchs_name(depth: tuple[int, ...]) -> None:
+    """The frame-based ``get_method_name`` names what torch's names, at torch's default depth (2: the method that
+    records, as in every ``_record`` of torch's rendezvous), at others, and past the stack's end."""
+    pytest.importorskip("torch")
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    original = dynamic_rendezvous.get_method_name
+    assert not getattr(original, "__torchelastic_otel__", False), "torch's own function, not the bridge's"
+    before = selftelemetry.total(selftelemetry.FALLBACK)
+    faster = _compat.rdzv_method_name(original)
+    assert faster is not None and selftelemetry.total(selftelemetry.FALLBACK) == before
+    expected = _Recorder(original).next_rendezvous(*depth)
+    if depth and depth[0] < 0:
+        assert _Recorder(faster).next_rendezvous(*depth) == expected
+        return
+    import inspect
+
+    def no_stack(*args: object, **kwargs: object) -> None:
+        raise AssertionError("inspect.stack() walked")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(inspect, "stack", no_stack)
+        assert _Recorder(faster).next_rendezvous(*depth) == expected
+    if not depth:
+        assert expected == "_Recorder.next_rendezvous"
+
+
+def test_rdzv_method_name_keeps_a_changed_function_counted() -> None:
+    """A ``get_method_name`` that is not torch's known one (another default depth) is kept: ``None``, counted."""
+
+    def get_method_name(depth=3):  # type: ignore[no-untyped-def]
+        import inspect
+
+        return inspect.stack()[depth].function
+
+    before = selftelemetry.total(selftelemetry.FALLBACK, reason="torch dynamic_rendezvous.get_method_name")
+    assert _compat.rdzv_method_name(get_method_name) is None
+    assert selftelemetry.total(selftelemetry.FALLBACK, reason="torch dynamic_rendezvous.get_method_name") == before + 1
+
+
 def _local_agent(max_restarts: int):  # type: ignore[no-untyped-def]
     """A real LocalElasticAgent (not started: no rendezvous, no workers), as torchrun builds one."""
     from torch.distributed.elastic.agent.server.api import WorkerSpec

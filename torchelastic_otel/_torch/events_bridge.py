@@ -4,7 +4,10 @@
   handler joins torch's destination loggers, so "console" still prints;
 - the "otel" destination exists, so ``torchrun --event-log-handler otel`` works;
 - rendezvous events: torch drops them while "dynamic_rendezvous" is a NullHandler and otherwise walks
-  ``inspect.stack()`` (0.3-0.6 ms a call). The bridge replaces ``construct_and_record_rdzv_event`` in the modules
+  ``inspect.stack()`` (0.3-0.6 ms a call); either way it first names each after the method recording it with
+  ``get_method_name``, which builds ``inspect.stack()`` twice (~30 ms a call on an agent: 0.2 s a rendezvous round).
+  The bridge gives the rendezvous module a ``get_method_name`` that reads the same name from the frame, and
+  replaces ``construct_and_record_rdzv_event`` in the modules
   that imported it by name with a frame-based version that always exports, and then takes torch's own path: where
   torch would record the event (its "dynamic_rendezvous" handler is not a NullHandler), it calls torch's
   ``record_rdzv_event`` -- looked up in torch's events module at each call, so code that patches or wraps it (a
@@ -118,3 +121,16 @@ def install(patches: Patches, handler: logging.Handler, *, import_rendezvous: bo
         module = sys.modules.get(module_name)
         if module is not None and hasattr(module, "construct_and_record_rdzv_event"):
             patches.set(module, "construct_and_record_rdzv_event", recorder)
+        if module is not None and hasattr(module, "get_method_name"):
+            _name_from_frames(patches, module)
+
+
+def _name_from_frames(patches: Patches, module: Any) -> None:
+    """Give ``module`` (torch's dynamic rendezvous) a ``get_method_name`` that reads the frame instead of building
+    ``inspect.stack()`` twice (``_compat.rdzv_method_name``): same event names, ~30 ms less a rendezvous event."""
+    original = module.get_method_name
+    if getattr(original, "__torchelastic_otel__", False):
+        return
+    faster = _compat.rdzv_method_name(original)
+    if faster is not None:
+        patches.set(module, "get_method_name", faster)
