@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -461,3 +462,21 @@ atexit.register(lambda: print(json.dumps(sdk_state()), flush=True))  # runs afte
             assert record["resource"]["torchelastic.rank"] == 1, record
             assert record["trace_id"] == "0af7651916cd43dd8448eb211c80319c", record  # the agent's attempt
     assert not list(tmp_path.glob("final-*.json"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="the process start is read from /proc (Linux)")
+def test_the_worker_span_never_starts_before_the_process_does() -> None:
+    """The worker span's start is the process's (``/proc/<pid>/stat``, whole clock ticks): never before the moment
+    its parent started it, which an agent that starts its workers within a tick of opening the attempt span would
+    otherwise see as a worker span starting before its parent. Eight interpreters, each asked right away."""
+    code = (
+        "from torchelastic_otel._torch.worker.hooks import _process_start_ns as s; import time; "
+        "print(s(), time.time_ns())"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
+    for _ in range(8):
+        before = time.time_ns()
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=TIMEOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+        start, now = (int(x) for x in out.stdout.split())
+        assert before <= start <= now, (before, start, now, out.stderr)
