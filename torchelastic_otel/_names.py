@@ -14,6 +14,8 @@ WORKERS_FAILURE = "torchelastic.workers.failure"
 WORKERS_START = "torchelastic.workers.start"
 WORKERS_STOP = "torchelastic.workers.stop"
 WORKER_START = "torchelastic.worker.start"
+CHECKPOINT_SAVE = "torchelastic.checkpoint.save"
+CHECKPOINT_LOAD = "torchelastic.checkpoint.load"
 
 # ---- span and event
 RESTART = "torchelastic.restart"
@@ -42,9 +44,25 @@ WORKER_COLLECTIVE_SEQ = "torchelastic.worker.collective.seq"
 WORKER_STEPS = "torchelastic.worker.steps"
 WORKER_STEP_ARRIVAL = "torchelastic.worker.step.arrival"
 WORKER_STEP_DURATION = "torchelastic.worker.step.duration"
+WORKER_STEP_PHASE_DURATION = "torchelastic.worker.step.phase.duration"
+WORKER_PROGRESS_AT_RISK = "torchelastic.worker.progress.at_risk"
+WORKER_CHECKPOINT_STEP = "torchelastic.worker.checkpoint.step"
+CHECKPOINT_DURATION = "torchelastic.checkpoint.duration"
+GOODPUT_TIME = "torchelastic.goodput.time"
+PROCESS_MEMORY_USAGE = "process.memory.usage"
+WORKER_CUDA_MEMORY_ALLOCATED = "torchelastic.worker.cuda.memory.allocated"
+WORKER_CUDA_MEMORY_RESERVED = "torchelastic.worker.cuda.memory.reserved"
+WORKER_CUDA_MEMORY_PEAK = "torchelastic.worker.cuda.memory.peak"
 
 # ---- attributes
 AGENT_RESTARTS = "torchelastic.agent_restarts"
+CAUSE = "cause"  # torchelastic.goodput.time, torchelastic.worker.progress.at_risk
+CHECKPOINT_API = "torchelastic.checkpoint.api"
+CHECKPOINT_ASYNC = "torchelastic.checkpoint.async"
+CHECKPOINT_BYTES = "torchelastic.checkpoint.bytes"
+CHECKPOINT_STEP = "torchelastic.checkpoint.step"
+OPERATION = "operation"  # torchelastic.checkpoint.duration: save | load
+PHASE = "phase"  # torchelastic.worker.step.phase.duration
 DELIVERED_BY = "torchelastic.delivered_by"
 ENTRYPOINT = "torchelastic.entrypoint"
 EXIT_CODE = "torchelastic.exit_code"
