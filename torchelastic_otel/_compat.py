@@ -431,3 +431,17 @@ def flight_recorder(include_collectives: bool) -> dict[str, Any] | None:
     except Exception as exc:
         _fallback("torch _dump_fr_trace_json", exc)
         return None
+
+
+# ---- torch: the DataLoader's iterators (the input phase of a step) -------------------------------------------------
+
+
+def dataloader_iter_class(module: Any) -> type | None:
+    """The base class of every ``DataLoader`` iterator, ``torch.utils.data.dataloader._BaseDataLoaderIter``, whose
+    ``__next__`` both the single- and the multi-process iterator inherit (``anatomy``'s input phase). ``None``
+    (counted) where it is gone or no longer defines ``__next__``: steps then have no input phase."""
+    cls = getattr(module, "_BaseDataLoaderIter", None)
+    if not isinstance(cls, type) or "__next__" not in cls.__dict__:
+        _fallback("torch dataloader._BaseDataLoaderIter.__next__", "not defined")
+        return None
+    return cls

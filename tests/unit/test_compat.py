@@ -396,3 +396,20 @@ def test_sdk_configuration_fallbacks_are_counted(monkeypatch: pytest.MonkeyPatch
     assert ".http." in next(iter(classes.values())).__module__
     assert _compat.sdk_sampler() is None and _compat.sdk_id_generator() is None
     assert selftelemetry.total(selftelemetry.FALLBACK) == before + 3
+
+
+def test_every_dataloader_iterator_inherits_the_wrapped_next() -> None:
+    """The input phase wraps one ``__next__``: the base class's, which torch's two iterators must inherit (a
+    release that gives one its own ``__next__`` would take the input phase away from it: this fails)."""
+    dataloader = pytest.importorskip("torch.utils.data.dataloader")
+    cls = _compat.dataloader_iter_class(dataloader)
+    assert cls is dataloader._BaseDataLoaderIter
+    for iterator in (dataloader._SingleProcessDataLoaderIter, dataloader._MultiProcessingDataLoaderIter):
+        assert issubclass(iterator, cls) and "__next__" not in iterator.__dict__
+
+
+def test_a_dataloader_without_the_base_iterator_is_a_counted_fallback() -> None:
+    reason = "torch dataloader._BaseDataLoaderIter.__next__"
+    before = selftelemetry.total(selftelemetry.FALLBACK, reason=reason)
+    assert _compat.dataloader_iter_class(object()) is None
+    assert selftelemetry.total(selftelemetry.FALLBACK, reason=reason) == before + 1

@@ -20,7 +20,7 @@ from tests.support.waiting import wait_for
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel._torch.patches import Patches
-from torchelastic_otel._torch.worker import collectives, stalls, steps, training
+from torchelastic_otel._torch.worker import anatomy, collectives, stalls, steps, training
 from torchelastic_otel._torch.worker import hooks as worker
 
 torch = pytest.importorskip("torch")
@@ -228,15 +228,17 @@ def test_install_hooks_optimizers_registers_the_watchdog_and_undoes_it(
     try:
         assert os.environ["TORCH_FR_BUFFER_SIZE"] == training.FLIGHT_RECORDER_ENTRIES
         assert len(_drainer.state.periodic) == periodic + 1
-        assert len(worker._worker.final_extras) == len(extras) + 1  # the final records get the collectives' summary
+        # the final records get the collectives' summary and count the lost progress (``anatomy``)
+        assert len(worker._worker.final_extras) == len(extras) + 2
         assert "collectives" not in worker._final_metadata()  # (no process group here: nothing to add)
         _optimizer().step()
-        assert len(steps._pending) == 1
+        assert [who for _, who in steps._pending][0] == anatomy.OPTIMIZER_ENTER  # the pre hook, then the step
+        assert len(steps._pending) == 2
     finally:
         patches.restore()
     assert len(_drainer.state.periodic) == periodic and worker._worker.final_extras == extras
     _optimizer().step()
-    assert len(steps._pending) == 1  # the hook is gone
+    assert len(steps._pending) == 2  # the hooks are gone
 
 
 def test_install_keeps_the_job_s_flight_recorder_size(fresh: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 
 from torchelastic_otel import _compat, _settings
 from torchelastic_otel import _selftelemetry as selftelemetry
-from torchelastic_otel._torch.worker import steps
+from torchelastic_otel._torch.worker import anatomy, steps
 
 __all__ = ["Group", "status", "summary", "summary_attributes", "read_entries", "tick", "enabled"]
 
@@ -255,6 +255,28 @@ def arrivals_of(marks: list[int], created: list[int], after_ns: int = 0) -> list
 _arrivals = _Arrivals()
 
 
+def _resolve_phases(entries: list[dict[str, Any]]) -> None:
+    """The waiting steps' phases, with each step's wait for its last collective carved out (``anatomy``)."""
+    created = sorted(t for t in (_as_int(e.get("time_created_ns")) for e in entries) if t > 0)
+    with steps.lock():
+        anatomy.resolve(created or None)
+
+
+def read_at_exit() -> None:
+    """What the periodic reads left: the last steps' arrivals and phases (a job shorter than the read interval
+    has only these). Runs at exit, before the final collection; never raises."""
+    try:
+        steps.drain()
+        entries: list[dict[str, Any]] = []
+        if enabled():
+            entries = read_entries()[1]
+            if entries:
+                _arrivals.record(entries)
+        _resolve_phases(entries)
+    except Exception:
+        selftelemetry.count(selftelemetry.DROPPED, "metrics", "read_at_exit_error")
+
+
 def tick() -> list[Group]:
     """The watchdog's tick: the seq gauge from the status; every INTERVAL, the steps' arrivals. The groups seen."""
     if not enabled():
@@ -266,6 +288,7 @@ def tick() -> list[Group]:
         if entries:
             steps.drain()
             _arrivals.record(entries)
+        _resolve_phases(entries)
     else:
         groups = status()
     if groups:

@@ -21,7 +21,6 @@ carries the run, role and ranks (``torchelastic_otel.resource``). Here:
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -38,6 +37,7 @@ from torchelastic_otel._export import attributes as _attributes
 from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel._process import runtime
 from torchelastic_otel._process import stacks as _stacks
+from torchelastic_otel._process.start import process_start_ns as _process_start_ns
 from torchelastic_otel._torch import final_words, imports, root_cause
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker import log_records as worker_logging
@@ -165,25 +165,6 @@ def _join_agent_trace(patches: Patches) -> None:
         otel_context.detach(token)
 
     patches.on_restore(leave)
-
-
-def _process_start_ns() -> int | None:
-    """When this process started (Linux), so the worker span covers interpreter start-up; ``None`` elsewhere.
-
-    ``/proc/<pid>/stat`` gives the start in whole clock ticks since boot (10 ms each, usually), rounded down; the
-    boot clock (``CLOCK_BOOTTIME``) says how long ago that was. The end of that tick is taken: the start rounded
-    down could fall before the agent's attempt span began, when the agent starts its workers within a tick of
-    beginning it, and the worker span would start before its parent. (``btime`` of ``/proc/stat`` is whole
-    seconds: up to a second off.)
-    """
-    try:
-        with open(f"/proc/{os.getpid()}/stat") as fh:
-            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        boot_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-        age_ns = boot_ns - (start_ticks + 1) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-        return time.time_ns() - max(0, age_ns) if age_ns > -1_000_000_000 else None
-    except Exception:
-        return None
 
 
 def _keep_final_logger(_phase: Any = None) -> None:

@@ -31,7 +31,7 @@ from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import _settings
 from torchelastic_otel._process import stacks as _stacks
-from torchelastic_otel._torch.worker import collectives, steps
+from torchelastic_otel._torch.worker import anatomy, collectives, steps
 from torchelastic_otel._torch.worker_env import worker_metadata
 
 __all__ = ["Watchdog", "threshold_seconds", "STALLED_EVENT"]
@@ -94,6 +94,8 @@ class Watchdog:
         stalled = (now - self.progress_ns) / 1e9
         if stalled >= threshold * (2**self.records):
             self.records += 1
+            with steps.lock():
+                anatomy.ledger().stall(self.progress_ns)  # the stall's seconds are counted as such
             self._report(now, stalled, threshold, count)
 
     def _start(self, now: int, count: int, groups: list[collectives.Group]) -> None:

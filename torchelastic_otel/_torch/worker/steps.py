@@ -28,6 +28,7 @@ from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import pipeline
 from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._torch.worker import anatomy
 from torchelastic_otel.metrics.rules import DURATION_BUCKETS_S
 from torchelastic_otel.version import __version__
 
@@ -100,6 +101,8 @@ class _Instruments:
         self.steps: Any = None
         self.arrival: Any = None
         self.seq: Any = None
+        self.phase: Any = None
+        self.goodput: Any = None
 
     def get(self) -> _Instruments:
         generation = pipeline._generation[0]
@@ -124,6 +127,21 @@ class _Instruments:
                 names.WORKER_COLLECTIVE_SEQ, unit="{collective}",
                 description="Sequence number of the last collective this rank enqueued, per process group",
             )  # fmt: skip
+            self.phase = meter.create_histogram(
+                names.WORKER_STEP_PHASE_DURATION, unit="s", explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+                description="Seconds of each phase of a training step of this rank (attribute phase: input, "
+                "forward, backward, optimizer, collective_wait, other)",
+            )  # fmt: skip
+            self.goodput = meter.create_counter(
+                names.GOODPUT_TIME, unit="s",
+                description="Where this process's time went, by cause (goodput: productive, startup, input_wait, "
+                "checkpoint_save, checkpoint_load, stalled, lost_progress; the agent adds rendezvous and restart)",
+            )  # fmt: skip
+            meter.create_observable_gauge(
+                names.WORKER_PROGRESS_AT_RISK, callbacks=[_observe_at_risk], unit="s",
+                description="Step seconds since this rank's last completed checkpoint save: what a failure now "
+                "would throw away (attribute cause: productive, input_wait, stalled)",
+            )  # fmt: skip
             self._generation = generation
         return self
 
@@ -134,6 +152,16 @@ _instruments = _Instruments()
 def instruments() -> _Instruments:
     """The instruments, (re)created for the current pipeline (after a fork's rebuild, a ``setup()``)."""
     return _instruments.get()
+
+
+def _observe_at_risk(_options: Any) -> Any:
+    from opentelemetry.metrics import Observation
+
+    try:
+        return [Observation(value, attributes) for value, attributes in anatomy.observe_at_risk()]
+    except Exception:
+        selftelemetry.count(selftelemetry.DROPPED, "metrics", "observe_error")
+        return []
 
 
 class _StepBuffer(_drainer.Buffer):
@@ -156,19 +184,30 @@ class _StepBuffer(_drainer.Buffer):
             durations: list[float] = []
             steps = 0
             clock = self.clock
+            book = anatomy.ledger()
+            events = False
             while pending:
                 try:
                     time_ns, who = pending.popleft()
                 except IndexError:
                     break
+                events = True
+                if who < 0:
+                    book.event(time_ns, who)
+                    continue
+                if who != EXPLICIT:
+                    book.optimizer_exit(time_ns)
                 if not clock.is_step(who):
                     continue
                 steps += 1
                 duration = clock.mark(time_ns)
+                book.step(time_ns)
                 if duration is not None:
                     durations.append(duration)
             if steps:
                 self._record(steps, durations)
+            if events:
+                anatomy.after_drain()
             return steps
 
     @staticmethod
@@ -185,17 +224,27 @@ class _StepBuffer(_drainer.Buffer):
     def after_fork_in_child(self) -> None:
         super().after_fork_in_child()
         self.clock = _Clock()  # a forked child (a data loader worker) takes no steps of its parent's
+        anatomy.reset_after_fork()
 
 
 _buffer = _StepBuffer()
 _pending = _buffer._pending  # the same deque for the life of the process (a fork clears it in place)
 _time_ns = time.time_ns
+anatomy.bind(_pending, _buffer, instruments, MAX_PENDING)
 
 
 def optimizer_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     """torch's global optimizer step post hook: mark a step (the hot path: one append)."""
     if len(_pending) < MAX_PENDING:
         _pending.append((_time_ns(), id(optimizer)))
+    else:
+        _buffer._overflow += 1
+
+
+def mark(code: int) -> None:
+    """Append a phase or checkpoint event (``anatomy``'s codes) to the marks (the hot path: one append)."""
+    if len(_pending) < MAX_PENDING:
+        _pending.append((_time_ns(), code))
     else:
         _buffer._overflow += 1
 
@@ -234,6 +283,11 @@ def median_step_seconds() -> float | None:
     with _buffer._lock:
         durations = list(_buffer.clock.durations)
     return statistics.median(durations) if durations else None
+
+
+def lock() -> Any:
+    """The lock a drain holds (the ledger of ``anatomy`` is the drain's: take it to touch the ledger elsewhere)."""
+    return _buffer._lock
 
 
 def drain() -> None:

@@ -52,11 +52,45 @@ def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[st
         watchdog.tick()
 
     patches.on_restore(_drainer.add_periodic(tick, TICK_SECONDS))
+    from torchelastic_otel._torch.worker import anatomy, collectives
+
+    anatomy.install(patches, collectives.enabled)
+    _read_at_exit(patches)
     if add_final_metadata is not None:
+        # The terminated and exception records carry the Flight Recorder's summary (the collective a rank waits in),
+        # and count what the failure threw away (``anatomy``).
+        patches.on_restore(add_final_metadata(collectives.summary_attributes))
+        patches.on_restore(add_final_metadata(_lost_progress))
+
+
+def _lost_progress() -> dict[str, Any]:
+    """A final record's source (called once a failing worker's final words are written): count the lost progress
+    once; its seconds go on the record too (``torchelastic.goodput.lost_seconds``)."""
+    from torchelastic_otel._torch.worker import anatomy
+
+    if _lost[0] is None:
+        _lost[0] = anatomy.add_lost_progress()
+    return {"goodput": {"lost_seconds": round(_lost[0], 3)}} if _lost[0] else {}
+
+
+_lost: list[float | None] = [None]
+
+
+def _read_at_exit(patches: Patches) -> None:
+    """At exit, before the bridge's own exit hook shuts the providers down (``atexit`` runs the later registered
+    first): the Flight Recorder's last entries, so a job shorter than its read interval gets its arrivals and
+    phases. Only where the pipeline is READY: an exit never builds one."""
+    import atexit
+
+    def at_exit() -> None:
+        from torchelastic_otel import pipeline
         from torchelastic_otel._torch.worker import collectives
 
-        # The terminated and exception records carry the Flight Recorder's summary (the collective a rank waits in).
-        patches.on_restore(add_final_metadata(collectives.summary_attributes))
+        if pipeline.ready() is not None:
+            collectives.read_at_exit()
+
+    atexit.register(at_exit)
+    patches.on_restore(lambda: atexit.unregister(at_exit))
 
 
 def _hook_optimizers(patches: Patches) -> Callable[[], None]:
