@@ -63,7 +63,8 @@ def test_a_plain_loop_step_splits_into_its_phases() -> None:
 def test_a_ddp_forward_is_the_forward_and_the_rest_is_other() -> None:
     book = anatomy.Ledger(0)
     (step,) = _feed(book, [
-        (0.0, anatomy.INPUT_ENTER), (0.1, anatomy.INPUT_EXIT), (0.2, anatomy.FORWARD_ENTER), (0.6, anatomy.FORWARD_EXIT),
+        (0.0, anatomy.INPUT_ENTER), (0.1, anatomy.INPUT_EXIT),
+        (0.2, anatomy.FORWARD_ENTER), (0.6, anatomy.FORWARD_EXIT),
         (0.7, anatomy.BACKWARD_ENTER), (1.0, anatomy.BACKWARD_EXIT), (1.0, anatomy.OPTIMIZER_ENTER), (1.1, "post"),
     ])  # fmt: skip
     assert step is not None
