@@ -87,6 +87,22 @@ table.logs th:nth-child(-n+2) { width: 80px; } table.logs th:nth-child(3) { widt
 .cause { border-left: 4px solid var(--fail); padding: 2px 0 2px 12px; margin: 8px 0; }
 .cause .headline { font-weight: 600; color: #9b1c1c; margin: 2px 0; }
 details summary { cursor: pointer; color: var(--muted); font-size: 12.5px; }
+p.verdict { border-left: 4px solid var(--fail); background: #fdf0f0; padding: 4px 10px; margin: 6px 0; }
+p.verdict.healthy { border-color: var(--ok); background: #eef7f1; }
+p.verdict.compute-bound { border-color: var(--attempt); background: #eef2fa; }
+.goodput { margin: 6px 0 10px; } .goodput .gp-label { font-size: 13px; font-weight: 600; margin-bottom: 2px; }
+svg.gp-bar { display: block; border: 1px solid var(--line); border-radius: 3px; background: var(--panel); }
+rect.gp { stroke: #fff; stroke-width: 0; }
+.gp.productive { fill: var(--ok); background: var(--ok); }
+.gp.startup { fill: #9aa5b8; background: #9aa5b8; }
+.gp.rendezvous { fill: var(--rdzv); background: var(--rdzv); }
+.gp.restart { fill: var(--stop); background: var(--stop); }
+.gp.checkpoint_save { fill: var(--attempt); background: var(--attempt); }
+.gp.checkpoint_load { fill: #8fa8d8; background: #8fa8d8; }
+.gp.lost_progress { fill: var(--fail); background: var(--fail); }
+.gp.input_wait { fill: #e0c341; background: #e0c341; }
+.gp.stalled { fill: #7a0f0f; background: #7a0f0f; }
+table.stragglers td.phase { text-align: right; font-variant-numeric: tabular-nums; }
 .problems { margin-top: 24px; }
 """
 

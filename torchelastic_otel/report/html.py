@@ -18,7 +18,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from torchelastic_otel import _names as names
 from torchelastic_otel.report import _assets, timeline, training, tree
+from torchelastic_otel.report import goodput as goodput_mod
 from torchelastic_otel.report import metrics as metrics_mod
 from torchelastic_otel.report.model import IOSTREAM, Attempt, Job, WorkerRun, as_str, output_lines
 from torchelastic_otel.report.records import SEVERITY_WARN, LogRecord, Problems, Telemetry
@@ -158,6 +160,8 @@ def _row_data(job: Job, row: timeline.Row) -> dict[str, Any]:
 
 
 def _job_html(job: Job, index: int, limits: Limits) -> str:
+    found = training.analyze(job)
+    assessment = goodput_mod.assess(job, found)
     restarts = job.restart_count
     after = f" after {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""
     hosts = sorted({a.host for a in job.agents if a.host})
@@ -168,6 +172,7 @@ def _job_html(job: Job, index: int, limits: Limits) -> str:
         f"<p class=summary>{len(job.ranks)} ranks &middot; {len(job.attempts)} attempts &middot; "
         f"{(job.end - job.start) / 1e9:.1f} s &middot; {len(job.agents)} agent(s)"
         f"{' on ' + e(', '.join(hosts)) if hosts else ''}</p>",
+        _verdict_html(assessment),
         "<h3>Timeline</h3>",
         '<div class="toolbar"><button type="button" data-zoom="in" title="zoom in">+</button>'
         '<button type="button" data-zoom="out" title="zoom out">&minus;</button>'
@@ -177,8 +182,9 @@ def _job_html(job: Job, index: int, limits: Limits) -> str:
         f'<div class="timeline" data-job="{index}"></div>',
         '<pre class="details" aria-live="polite">click a bar or a mark for its details</pre>',
         _legend(),
+        _goodput_html(assessment.goodput),
         _root_cause_html(job, limits),
-        _training_html(job, index, limits),
+        _training_html(job, found, index, limits),
         "<h3>Metrics</h3>",
         f'<div class="charts" data-job="{index}"></div>',
         _failures_html(job, limits),
@@ -200,6 +206,58 @@ def _legend() -> str:
     ]  # fmt: skip
     swatches = "".join(f'<span><i class="sw {c}"></i>{e(t)}</span>' for c, t in items)
     return f'<div class="legend">{swatches}<span>&#x2717; root cause</span><span>&#x21bb; restart</span></div>'
+
+
+def _verdict_html(found: goodput_mod.Assessment) -> str:
+    v = found.verdict
+    return (f'<p class="verdict {e(v.verdict)}" data-verdict="{e(v.verdict)}"><b>{e(v.verdict.upper())}</b>: '
+            f"{e(v.reason)}</p>")  # fmt: skip
+
+
+def _percent(value: float, total: float) -> str:
+    """``62.1``: the share as the JSON's 3-digit fraction gives it (``goodput.fraction``)."""
+    return f"{goodput_mod.fraction(value, total) * 100:.1f}"
+
+
+def _goodput_bar(scope: str, label: str, seconds: dict[str, float]) -> str:
+    """One stacked bar (an SVG of a rect per cause, in permille of the width) with its legend of percentages."""
+    total = sum(seconds.values())
+    rects, keys, x = [], [], 0.0
+    for cause in goodput_mod.CAUSES:
+        value = seconds.get(cause, 0.0)
+        if value <= 0 or total <= 0:
+            continue
+        width = value / total * 1000
+        pct = _percent(value, total)
+        title = f"{cause.replace('_', ' ')}: {value:.1f} s ({pct} %)"
+        rects.append(f'<rect class="gp {cause}" x="{x:.2f}" y="0" width="{width:.2f}" height="18" '
+                     f'data-cause="{cause}" data-seconds="{value:.3f}" data-percent="{pct}"><title>{e(title)}</title>'
+                     "</rect>")  # fmt: skip
+        keys.append(f'<span data-cause="{cause}"><i class="sw gp {cause}"></i>{e(cause.replace("_", " "))} '
+                    f"{pct} %</span>")  # fmt: skip
+        x += width
+    return (f'<div class="goodput" data-scope="{e(scope)}"><div class="gp-label">{e(label)}</div>'
+            '<svg class="gp-bar" viewBox="0 0 1000 18" preserveAspectRatio="none" width="100%" height="18" '
+            f'role="img" aria-label="{e(label)}">{"".join(rects)}</svg>'
+            f'<div class="legend">{"".join(keys)}</div></div>')  # fmt: skip
+
+
+def _goodput_html(found: goodput_mod.Goodput) -> str:
+    if not found.ranks or found.wall <= 0:
+        return ""
+    ratio = found.ratio
+    out = ["<h3>Where the time went</h3>",
+           f"<p class=note>Each rank's wall time by cause, the mean over {len(found.ranks)} ranks; goodput is the "
+           "productive share (step time whose progress was kept)."
+           + ("" if found.measured else " No goodput counters in these files: worker time is start-up or lost.")
+           + "</p>",
+           _goodput_bar("run", f"run: goodput {ratio * 100 if ratio is not None else 0:.1f} % of {found.wall:.1f} s",
+                        found.seconds)]  # fmt: skip
+    if len(found.attempts) > 1:
+        for restart, seconds in found.attempts.items():
+            wall = found.attempt_wall(restart)
+            out.append(_goodput_bar(f"attempt {restart}", f"attempt {restart}: {wall:.1f} s", seconds))
+    return "\n".join(out)
 
 
 def _root_cause_html(job: Job, limits: Limits) -> str:
@@ -240,9 +298,9 @@ def _cause_html(job: Job, attempt: Attempt, limits: Limits) -> str:
     return "\n".join(parts)
 
 
-def _training_html(job: Job, index: int, limits: Limits) -> str:
-    """Missing ranks, the straggler table with the per-rank chart, and the stalls (``training``)."""
-    found = training.analyze(job)
+def _training_html(job: Job, found: training.Training, index: int, limits: Limits) -> str:
+    """Missing ranks, the straggler table (with each rank's step phases) and the per-rank chart, and the stalls
+    (``training``)."""
     if not found:
         return ""
     out = []
@@ -252,7 +310,7 @@ def _training_html(job: Job, index: int, limits: Limits) -> str:
             out.append(f'<p class="missing" data-ranks="{e(",".join(map(str, m.ranks)))}" data-seq="{m.seq}" '
                        f'data-group="{e(m.process_group)}">attempt {m.restart}: {e(m.sentence)} '
                        f"(ranks {e(', '.join(map(str, m.waiting)))} waited in it)</p>")  # fmt: skip
-    if any(r.arrival is not None for r in found.ranks):
+    if any(r.arrival is not None or any(v is not None for v in r.phases.values()) for r in found.ranks):
         out.append(_stragglers_html(found, index))
     if found.stalls:
         out.append(_stalls_html(job, found.stalls, limits))
@@ -261,7 +319,8 @@ def _training_html(job: Job, index: int, limits: Limits) -> str:
 
 def _stragglers_html(found: training.Training, index: int) -> str:
     ms = lambda v: "" if v is None else f"{v * 1000:,.1f} ms"  # noqa: E731
-    out = ["<h3>Stragglers</h3>",
+    with_arrival = any(r.arrival is not None for r in found.ranks)
+    out = ["<h3>Stragglers</h3>" if with_arrival else "<h3>Steps</h3>",
            f"<p class=note>Each rank's mean arrival at its steps' last collective (from the start of the step to its "
            f"enqueueing of that collective) against the attempt's median rank: {training.STRAGGLER_RATIO}x or more "
            "is a straggler. Step time is the same on every rank of a synchronous job: the fast ranks wait for the "
@@ -271,14 +330,22 @@ def _stragglers_html(found: training.Training, index: int) -> str:
             f'<p class="straggler-line" data-rank="{r.rank}">attempt {r.restart}: rank {r.rank}'
             f"{' (' + e(r.host) + ')' if r.host else ''} is a straggler: {r.ratio:.2f}x the median rank</p>"
         )
+    with_phases = any(v is not None for r in found.ranks for v in r.phases.values())
+    phase_heads = "".join(f"<th class=phase>{e(p.replace('_', ' '))}</th>" for p in goodput_mod.PHASES)
     out.append("<table class=stragglers><thead><tr><th>attempt</th><th>rank</th><th>host</th><th>arrival</th>"
-               "<th>ratio</th><th>step time</th><th>steps</th></tr></thead><tbody>")  # fmt: skip
+               f"<th>ratio</th><th>step time</th><th>steps</th>{phase_heads if with_phases else ''}</tr></thead>"
+               "<tbody>")  # fmt: skip
     for r in found.ranks:
         ratio = f"{r.ratio:.2f}" if r.ratio is not None else ""
+        cells = "".join(f'<td class=phase data-phase="{p}">{ms(r.phases.get(p))}</td>' for p in goodput_mod.PHASES)
         out.append(f'<tr class="{"straggler" if r.straggler else ""}" data-rank="{r.rank}" data-restart="{r.restart}">'
                    f"<td>{r.restart}</td><td>{r.rank}</td><td>{e(r.host)}</td><td>{ms(r.arrival)}</td>"
-                   f"<td>{ratio}</td><td>{ms(r.step)}</td><td>{r.steps}</td></tr>")  # fmt: skip
+                   f"<td>{ratio}</td><td>{ms(r.step)}</td><td>{r.steps}</td>"
+                   f"{cells if with_phases else ''}</tr>")  # fmt: skip
     out.append("</tbody></table>")
+    if with_phases:
+        out.append(f"<p class=note>Phases: each rank's median seconds per step of each phase "
+                   f"({e(names.WORKER_STEP_PHASE_DURATION)}), from its histogram's buckets.</p>")  # fmt: skip
     out.append(f'<div class="charts training" data-job="{index}"></div>')
     return "\n".join(out)
 

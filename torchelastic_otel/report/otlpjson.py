@@ -278,8 +278,11 @@ class Reader:
             monotonic = bool(getattr(data, "is_monotonic", False))
             for dp in data.data_points:
                 number, count = _point_value(kind, dp)
-                out.append(Point(name, kind, unit, dp.time_unix_nano or 0, number, attributes(dp.attributes), proc,
-                                 monotonic, count))  # fmt: skip
+                point = Point(name, kind, unit, dp.time_unix_nano or 0, number, attributes(dp.attributes), proc,
+                              monotonic, count)  # fmt: skip
+                if kind == "histogram":
+                    _distribution(point, dp)
+                out.append(point)
 
 
 def _point_value(kind: str, dp: Any) -> tuple[float | None, int | None]:
@@ -290,6 +293,18 @@ def _point_value(kind: str, dp: Any) -> tuple[float | None, int | None]:
     count = dp.count or 0
     total = dp.sum
     return (float(total) / count if count and total is not None else None), count
+
+
+def _distribution(point: Point, dp: Any) -> None:
+    """An explicit-bucket histogram point's sum, bounds, bucket counts, min and max (buckets that do not match
+    their bounds are dropped: the point keeps its mean)."""
+    point.total = None if dp.sum is None else float(dp.sum)
+    bounds = tuple(float(b) for b in dp.explicit_bounds or ())
+    buckets = tuple(int(n) for n in dp.bucket_counts or ())
+    if buckets and len(buckets) == len(bounds) + 1 and all(n >= 0 for n in buckets):
+        point.bounds, point.buckets = bounds, buckets
+    point.low = None if dp.min is None else float(dp.min)
+    point.high = None if dp.max is None else float(dp.max)
 
 
 def read(paths: Iterable[str | os.PathLike[str]]) -> Telemetry:

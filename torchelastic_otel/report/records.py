@@ -85,7 +85,13 @@ class LogRecord:
 
 @dataclass(slots=True)
 class Point:
-    """One data point of a metric; ``value`` is the number a chart plots (a histogram's mean)."""
+    """One data point of a metric; ``value`` is the number a chart plots (a histogram's mean).
+
+    A histogram point also keeps its distribution: ``total`` (the sum), and for an explicit-bucket histogram its
+    ``bounds`` (upper bounds, ascending) and ``buckets`` (one count more than bounds: the last is above the last
+    bound), and ``low`` / ``high`` (its min and max, when the writer recorded them), so that a quantile can be
+    interpolated (``quantile``).
+    """
 
     name: str
     kind: str  # "gauge" | "sum" | "histogram" | "exponential_histogram" | "summary"
@@ -96,6 +102,40 @@ class Point:
     proc: Proc
     monotonic: bool = False
     count: int | None = None
+    total: float | None = None
+    bounds: tuple[float, ...] = ()
+    buckets: tuple[int, ...] = ()
+    low: float | None = None
+    high: float | None = None
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile (0..1) of a histogram point, interpolated linearly inside the bucket where it falls
+        (the first bucket from ``low``, else 0, since the bridge's histograms are of durations; the last bucket up
+        to ``high``); the mean (``value``) when the point has no usable buckets or the quantile falls in an
+        unbounded bucket whose maximum is unknown."""
+        count = sum(self.buckets)
+        if not self.buckets or len(self.buckets) != len(self.bounds) + 1 or count <= 0:
+            return self.value
+        rank = q * count
+        seen = 0
+        for i, n in enumerate(self.buckets):
+            if n <= 0 or seen + n < rank:
+                seen += n
+                continue
+            if i < len(self.bounds):
+                upper = self.bounds[i]
+            elif self.high is not None:
+                upper = self.high
+            else:
+                return self.value
+            lower = self.bounds[i - 1] if i > 0 else (self.low if self.low is not None else 0.0)
+            if self.low is not None:
+                lower = max(lower, self.low)
+            if self.high is not None:
+                upper = min(upper, self.high)
+            lower = min(lower, upper)
+            return lower + (upper - lower) * max(0.0, min(1.0, (rank - seen) / n))
+        return self.value
 
 
 @dataclass

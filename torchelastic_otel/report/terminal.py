@@ -1,4 +1,5 @@
-"""The report as text for a terminal: outcome, timeline, root cause and restarts, trace tree, metric table.
+"""The report as text for a terminal: outcome and verdict, timeline, where the time went, root cause and restarts,
+training (stragglers, step phases, stalls), trace tree, metric table.
 
 Plain text (colour only on a terminal that wants it: not with ``NO_COLOR``), at most ``width`` columns in the
 timeline and tables; long tracebacks keep their last lines, which say where it failed.
@@ -11,6 +12,8 @@ import textwrap
 from collections.abc import Callable
 from typing import IO
 
+from torchelastic_otel import _names as names
+from torchelastic_otel.report import goodput as goodput_mod
 from torchelastic_otel.report import metrics as metrics_mod
 from torchelastic_otel.report import timeline, training, tree
 from torchelastic_otel.report.model import Attempt, Job, RootCause
@@ -69,9 +72,13 @@ def outcome_line(job: Job) -> str:
 def _job(out: Text, tel: Telemetry, job: Job, width: int) -> None:
     code = _GREEN if job.outcome == "SUCCEEDED" else _RED if job.outcome == "FAILED" else _YELLOW
     out.heading(out.paint(outcome_line(job), code))
+    found = training.analyze(job)
+    assessment = goodput_mod.assess(job, found)
+    _verdict(out, assessment)
     _timeline(out, job, width)
+    _where_the_time_went(out, assessment.goodput, width)
     _root_causes(out, job)
-    _training(out, job)
+    _training(out, job, found)
     out.heading("TRACE")
     for line in tree.render(job.spans, max_lines=80):
         out.add(line)
@@ -137,6 +144,85 @@ def _draw(cells: list[str], paint: dict[int, str], bar: timeline.Bar, col: Calla
         paint[i] = _RED if state == "failed" else _YELLOW if state in ("terminated", "stopped") else _GREEN
 
 
+# ---- verdict and where the time went -------------------------------------------------------------------------
+
+#: One character per cause in the bar (distinct without colour too), and its colour.
+BAR_CHARS = {"productive": "█", "startup": "s", "rendezvous": "=", "restart": "-", "checkpoint_save": "▒",
+             "checkpoint_load": "░", "lost_progress": "x", "input_wait": "▓", "stalled": "~"}  # fmt: skip
+_BAR_COLORS = {"productive": _GREEN, "lost_progress": _RED, "stalled": _RED, "input_wait": _YELLOW,
+               "restart": _YELLOW}  # fmt: skip
+
+
+def cause_label(cause: str) -> str:
+    return cause.replace("_", " ")
+
+
+def percent(value: float, total: float) -> str:
+    """``62.1 %``: the share as the JSON's 3-digit fraction gives it (``goodput.fraction``)."""
+    return f"{goodput_mod.fraction(value, total) * 100:.1f} %"
+
+
+def _verdict(out: Text, found: goodput_mod.Assessment) -> None:
+    verdict = found.verdict
+    ratio = found.goodput.ratio
+    code = _GREEN if verdict.verdict == "healthy" else _YELLOW if verdict.verdict == "compute-bound" else _RED
+    goodput_text = f"  (goodput {ratio * 100:.1f} %)" if ratio is not None else ""
+    out.add(out.paint(f"verdict: {verdict.verdict.upper()}: {verdict.reason}", code) + goodput_text)
+
+
+def bar_columns(seconds: dict[str, float], columns: int) -> dict[str, int]:
+    """Columns per cause summing to ``columns`` (largest remainders), in ``CAUSES`` order."""
+    total = sum(seconds.values())
+    if total <= 0 or columns <= 0:
+        return dict.fromkeys(seconds, 0)
+    exact = {cause: seconds[cause] * columns / total for cause in goodput_mod.CAUSES}
+    cols = {cause: int(value) for cause, value in exact.items()}
+    left = columns - sum(cols.values())
+    for cause in sorted(exact, key=lambda c: exact[c] - cols[c], reverse=True)[:left]:
+        cols[cause] += 1
+    return cols
+
+
+def _bar(out: Text, seconds: dict[str, float], columns: int) -> str:
+    cols = bar_columns(seconds, columns)
+    return "".join(out.paint(BAR_CHARS[c] * n, _BAR_COLORS.get(c, _DIM)) if out.color else BAR_CHARS[c] * n
+                   for c, n in cols.items() if n)  # fmt: skip
+
+
+def _shares(out: Text, first: str, seconds: dict[str, float], indent: int, width: int) -> None:
+    """``first`` then ``█ productive 62.1 %`` for every cause there is, wrapped at ``width`` between causes."""
+    total = sum(seconds.values())
+    items = [f"{BAR_CHARS[c]} {cause_label(c)} {percent(seconds[c], total)}" for c in goodput_mod.CAUSES
+             if seconds[c] > 0]  # fmt: skip
+    line = " " * indent + first
+    for item in items:
+        if len(line) + 2 + len(item) > width and line.strip():
+            out.add(line.rstrip())
+            line = " " * indent
+        line += ("  " if line.strip() and not line.endswith(": ") else "") + item
+    out.add(line.rstrip())
+
+
+def _where_the_time_went(out: Text, found: goodput_mod.Goodput, width: int) -> None:
+    if not found.ranks or found.wall <= 0:
+        return
+    out.heading(f"WHERE THE TIME WENT  (each rank's wall time by cause, the mean over {len(found.ranks)} ranks)")
+    if not found.measured:
+        out.add(out.paint("  no goodput counters in these files: a worker's time is start-up, or lost if it failed",
+                          _DIM))  # fmt: skip
+    label = 12
+    columns = max(20, width - label - 2)
+    ratio = found.ratio
+    out.add(f"{'run':<{label}}|{_bar(out, found.seconds, columns)}|")
+    goodput_text = f"goodput {ratio * 100 if ratio is not None else 0:.1f} % of {found.wall:.1f} s: "
+    _shares(out, goodput_text, found.seconds, label + 1, width)
+    if len(found.attempts) > 1:
+        for restart, seconds in found.attempts.items():
+            wall = found.attempt_wall(restart)
+            out.add(f"{'attempt ' + str(restart):<{label}}|{_bar(out, seconds, columns)}|")
+            _shares(out, f"{wall:.1f} s: ", seconds, label + 1, width)
+
+
 # ---- root cause ---------------------------------------------------------------------------------------------
 
 
@@ -187,8 +273,7 @@ def _cause_details(out: Text, cause: RootCause) -> None:
 _MAX_STALLS = 16
 
 
-def _training(out: Text, job: Job) -> None:
-    found = training.analyze(job)
+def _training(out: Text, job: Job, found: training.Training) -> None:
     if found.missing:
         out.heading("MISSING FROM A COLLECTIVE  (the other ranks waited for them inside it)")
         for missing in found.missing:
@@ -197,6 +282,8 @@ def _training(out: Text, job: Job) -> None:
                     f" (rank{'s' if len(missing.waiting) > 1 else ''} {waited} waited in it)")  # fmt: skip
     if any(r.arrival is not None for r in found.ranks):
         _stragglers(out, found)
+    if any(v is not None for r in found.ranks for v in r.phases.values()):
+        _phases(out, found)
     if found.stalls:
         _stalls(out, job, found.stalls)
 
@@ -222,6 +309,19 @@ def _stragglers(out: Text, found: training.Training) -> None:
         out.add(out.paint(line + "  <- straggler", _RED) if rank.straggler else line)
     out.add(out.paint("  step time is the same on every rank of a synchronous job: the fast ranks wait for the slow "
                       "one inside the collective", _DIM))  # fmt: skip
+
+
+def _phases(out: Text, found: training.Training) -> None:
+    out.heading(f"STEP PHASES  (each rank's median per step, of {names.WORKER_STEP_PHASE_DURATION})")
+    cell = 11
+    out.add(f"{'attempt':>7} {'rank':>5}" + "".join(f"{_PHASE_LABELS[p]:>{cell}}" for p in goodput_mod.PHASES))
+    for rank in found.ranks:
+        out.add(f"{rank.restart:>7} {rank.rank:>5}" + "".join(f"{_ms(rank.phases.get(p)):>{cell}}"
+                                                              for p in goodput_mod.PHASES))  # fmt: skip
+
+
+_PHASE_LABELS = {"input": "input", "forward": "forward", "backward": "backward", "optimizer": "optimizer",
+                 "collective_wait": "coll. wait", "other": "other"}  # fmt: skip
 
 
 def _stalls(out: Text, job: Job, stalls: list[training.Stall]) -> None:

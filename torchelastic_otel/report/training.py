@@ -12,7 +12,9 @@ From the workers' own telemetry (``torchelastic_otel._torch.worker.steps`` / ``c
 - **missing ranks**: per attempt and process group, the latest summary of each rank's collectives (from its
   stalled, terminated and exception records: ``torchelastic.collectives.<group>.*``); where some ranks enqueued
   collective #N and had not completed it, the ranks whose last one is below N are missing from it:
-  "rank 1 is missing from collective #11, gloo:all_reduce, default_pg".
+  "rank 1 is missing from collective #11, gloo:all_reduce, default_pg";
+- **phases**: each rank's median seconds per step of each phase of the step (``goodput.phases``), in its row of
+  the steps table.
 
 :func:`summary` is the machine-readable form (``torchelastic-otel report --json``).
 """
@@ -21,30 +23,28 @@ from __future__ import annotations
 
 import collections
 import datetime
-import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from torchelastic_otel import _names as names
+from torchelastic_otel.report import goodput as goodput_mod
 from torchelastic_otel.report.model import (
     EXCEPTION_EVENT,
     TERMINATED_EVENT,
     Job,
-    as_int,
-    as_str,
 )
-from torchelastic_otel.report.records import LogRecord, Point
+from torchelastic_otel.report.records import Point
+from torchelastic_otel.report.stalls import STALLED_EVENT, Stall, collectives_of, stalls
+from torchelastic_otel.report.stalls import rank_of as _rank_of
+from torchelastic_otel.report.stalls import restart_of as _restart_of
 
-__all__ = ["Training", "RankSteps", "Stall", "Missing", "analyze", "summary", "STRAGGLER_RATIO"]
+__all__ = ["Training", "RankSteps", "Stall", "Missing", "analyze", "stalls", "summary", "STRAGGLER_RATIO"]
 
 STRAGGLER_RATIO = 1.2
 ARRIVAL = names.WORKER_STEP_ARRIVAL
 DURATION = names.WORKER_STEP_DURATION
-STALLED_EVENT = names.WORKER_STALLED
 _SUMMARY_EVENTS = (STALLED_EVENT, TERMINATED_EVENT, EXCEPTION_EVENT)
-_COLLECTIVES = names.COLLECTIVES_PREFIX
-_FRAME = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+), in (?P<function>.*)$')
 
 
 @dataclass
@@ -59,25 +59,11 @@ class RankSteps:
     step: float | None  # mean step time, seconds
     steps: int
     ratio: float | None = None  # arrival / the attempt's median rank's
+    phases: dict[str, float | None] = field(default_factory=dict)  # phase -> median seconds per step (goodput.PHASES)
 
     @property
     def straggler(self) -> bool:
         return self.ratio is not None and self.ratio >= STRAGGLER_RATIO
-
-
-@dataclass
-class Stall:
-    rank: int | None
-    restart: int
-    host: str
-    since: int  # ns since the epoch: the rank's last progress
-    first_record: int
-    seconds: float  # the longest the stall was seen to last
-    records: int
-    stack_top: str  # the innermost frame of the main thread
-    code: str  # the main thread's line of the user's code
-    stack: str
-    collectives: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,7 +107,7 @@ class Training:
 
 
 def analyze(job: Job) -> Training:
-    return Training(_rank_steps(job), _stalls(job), _missing(job), _arrival_series(job))
+    return Training(_rank_steps(job), stalls(job), _missing(job), _arrival_series(job))
 
 
 # ---- steps and stragglers -------------------------------------------------------------------------------------
@@ -146,8 +132,9 @@ def _rank_steps(job: Job) -> list[RankSteps]:
     arrivals = _worker_points(job, ARRIVAL)
     durations = _worker_points(job, DURATION)
     hosts = {(p.proc.restart or 0, p.proc.rank): p.proc.host for p in job.points if p.proc.kind == "worker"}
+    phases = goodput_mod.phases(job)
     out = []
-    for key in sorted(set(arrivals) | set(durations)):
+    for key in sorted(set(arrivals) | set(durations) | set(phases)):
         arrival = _last(arrivals[key]) if key in arrivals else None
         duration = _last(durations[key]) if key in durations else None
         out.append(RankSteps(
@@ -156,6 +143,7 @@ def _rank_steps(job: Job) -> list[RankSteps]:
             arrival_steps=(arrival.count or 0) if arrival is not None else 0,
             step=duration.value if duration is not None else None,
             steps=(duration.count or 0) + 1 if duration is not None else 0,
+            phases=phases.get(key) or dict.fromkeys(goodput_mod.PHASES),
         ))  # fmt: skip
     for restart in {r.restart for r in out}:
         same = [(r, r.arrival) for r in out if r.restart == restart and r.arrival is not None]
@@ -194,77 +182,7 @@ def _thin(points: list[tuple[int, float]], limit: int) -> list[tuple[int, float]
     return [points[round(i * step)] for i in range(limit)]
 
 
-# ---- stalls ------------------------------------------------------------------------------------------------
-
-
-def _rank_of(rec: LogRecord) -> int | None:
-    return rec.proc.rank if rec.proc.rank is not None else as_int(rec.attrs.get(names.GLOBAL_RANK))
-
-
-def _restart_of(rec: LogRecord) -> int:
-    if rec.proc.restart is not None:
-        return rec.proc.restart
-    return as_int(rec.attrs.get(names.RESTART_COUNT)) or 0
-
-
-def stack_top(stack: str) -> str:
-    """The innermost frame of the first (main) thread of a ``torchelastic.stack`` text: ``path:line in function``."""
-    top = ""
-    for line in stack.splitlines():
-        if line.startswith("Thread ") and top:
-            break
-        match = _FRAME.match(line)
-        if match:
-            top = f"{match['path']}:{match['line']} in {match['function']}"
-    return top
-
-
-def _code(attrs: dict[str, Any]) -> str:
-    path = as_str(attrs.get("code.file.path"))
-    if not path:
-        return ""
-    return f"{path}:{as_str(attrs.get('code.line.number'))} in {as_str(attrs.get('code.function.name'))}"
-
-
-def _stalls(job: Job) -> list[Stall]:
-    found: dict[tuple[int, int | None, int], Stall] = {}
-    for rec in sorted((r for r in job.logs if r.name == STALLED_EVENT), key=lambda r: r.time):
-        since = as_int(rec.attrs.get(names.STALLED_SINCE_UNIX_NANO)) or rec.time
-        key = (_restart_of(rec), _rank_of(rec), since)
-        seconds = _float(rec.attrs.get(names.STALLED_SECONDS))
-        stack = as_str(rec.attrs.get(names.STACK))
-        stall = found.get(key)
-        if stall is None:
-            found[key] = Stall(key[1], key[0], rec.proc.host, since, rec.time, seconds, 1, stack_top(stack),
-                               _code(rec.attrs), stack, collectives_of(rec.attrs))  # fmt: skip
-            continue
-        stall.records += 1
-        stall.seconds = max(stall.seconds, seconds)
-        stall.stack_top, stall.code = stack_top(stack) or stall.stack_top, _code(rec.attrs) or stall.code
-        stall.stack, stall.collectives = stack or stall.stack, collectives_of(rec.attrs) or stall.collectives
-    return sorted(found.values(), key=lambda s: (s.restart, s.since, s.rank if s.rank is not None else -1))
-
-
-def _float(raw: Any) -> float:
-    try:
-        return float(raw)
-    except (TypeError, ValueError):
-        return 0.0
-
-
 # ---- missing ranks ---------------------------------------------------------------------------------------------
-
-
-def collectives_of(attrs: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """``torchelastic.collectives.<group>.<field>`` attributes -> ``{group: {field: value}}``."""
-    out: dict[str, dict[str, Any]] = collections.defaultdict(dict)
-    for key, raw in attrs.items():
-        if not key.startswith(_COLLECTIVES):
-            continue
-        group, _, name = key[len(_COLLECTIVES) :].rpartition(".")
-        if group and name:
-            out[group][name] = as_str(raw) if name == "pending" else as_int(raw)
-    return dict(out)
 
 
 def _missing(job: Job) -> list[Missing]:
@@ -319,12 +237,16 @@ def _round(value: float | None, digits: int = 4) -> float | None:
 
 def summary(jobs: list[Job], problems: dict[str, int] | None = None) -> dict[str, Any]:
     """What ``torchelastic-otel report --json`` prints: per run its outcome, attempts, root causes, restarts,
-    stragglers, stalls and missing ranks."""
+    stragglers, steps (with each rank's ``phases``: median seconds per step), stalls, missing ranks, ``goodput``
+    (``ratio`` and ``seconds`` by cause, the mean over ranks; ``goodput_attempts`` the same per attempt) and the
+    ``verdict`` (``goodput``)."""
     return {"runs": [_run_summary(job) for job in jobs], "skipped": dict(problems or {})}
 
 
 def _run_summary(job: Job) -> dict[str, Any]:
     training = analyze(job)
+    found = goodput_mod.assess(job, training)
+    gp = found.goodput
     causes = []
     for attempt in job.attempts:
         cause = attempt.root_cause
@@ -358,6 +280,10 @@ def _run_summary(job: Job) -> dict[str, Any]:
             "process_group": m.process_group, "seq": m.seq, "collective": m.collective or None, "ranks": m.ranks,
             "waiting": m.waiting, "restart": m.restart, "text": m.sentence,
         } for m in training.missing],
+        "goodput": {"ratio": gp.ratio, "seconds": _seconds(gp.seconds)},
+        "goodput_attempts": [{"attempt": restart, "ratio": gp.attempt_ratio(restart), "seconds": _seconds(seconds)}
+                             for restart, seconds in gp.attempts.items()],
+        "verdict": {"verdict": found.verdict.verdict, "reason": found.verdict.reason},
     }
     # fmt: on
 
@@ -366,4 +292,9 @@ def _rank_json(r: RankSteps) -> dict[str, Any]:
     return {
         "rank": r.rank, "ratio": _round(r.ratio, 3), "restart": r.restart, "host": r.host,
         "arrival_seconds": _round(r.arrival), "step_seconds": _round(r.step), "steps": r.steps,
+        "phases": {phase: _round(r.phases.get(phase), 6) for phase in goodput_mod.PHASES},
     }  # fmt: skip
+
+
+def _seconds(by_cause: dict[str, float]) -> dict[str, float]:
+    return {cause: round(by_cause.get(cause, 0.0), 3) for cause in goodput_mod.CAUSES}

@@ -18,6 +18,10 @@ All agents of a run (one per node) derive the same trace id from the run id, so 
 their run spans hang under a synthetic remote parent whose ids are a hash of the run id (a run id of ``none``,
 torchrun's default, is not unique, so such runs get a fresh trace id). When the launching code already has a
 current span, the run nests under it instead.
+
+Goodput: the agent counts the seconds when its ranks have no worker process in ``torchelastic.goodput.time``
+{``cause``}: ``rendezvous`` (each rendezvous round) and ``restart`` (a failure detected, or a restart begun, to the
+next attempt's workers starting, less the rendezvous round inside), each times its local workers (rank-seconds).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import functools
 import hashlib
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +46,7 @@ from torchelastic_otel import _compat, pipeline
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import attributes as _attributes
+from torchelastic_otel._process.start import process_start_ns
 from torchelastic_otel._torch import final_words, root_cause
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.events import _otel as event_adapter
@@ -72,7 +78,7 @@ def run_parent_context(run_id: str) -> otel_context.Context | None:
 class _AgentState:
     """Per-agent tracing state (kept on the agent instance)."""
 
-    __slots__ = ("run", "attempt", "last_state", "failure_seen", "run_attributes")
+    __slots__ = ("run", "attempt", "last_state", "failure_seen", "run_attributes", "restart_from", "restart_rdzv")
 
     def __init__(self) -> None:
         self.run: trace.Span | None = None
@@ -80,6 +86,10 @@ class _AgentState:
         self.last_state = ""
         self.failure_seen = False
         self.run_attributes: dict[str, Any] = {}
+        #: goodput: when the restart under way began (a failure detected, else the restart's start; monotonic
+        #: seconds, ``None`` when none is), and the seconds of rendezvous rounds since (counted as rendezvous).
+        self.restart_from: float | None = None
+        self.restart_rdzv = 0.0
 
 
 def _state(agent: Any) -> _AgentState:
@@ -144,6 +154,89 @@ def _record_event(name: str, metadata: dict[str, Any]) -> None:
     event_adapter.export_event(Event(name, EventSource.AGENT, metadata=metadata))
 
 
+# ---- goodput: where the ranks' time goes while no worker runs ----------------------------------------------------
+
+_GOODPUT_DESCRIPTION = (
+    "Seconds of each rank by cause (rank-seconds: the agent's causes are counted once per local worker). The "
+    "agent counts rendezvous (each rendezvous round) and restart (a failure detected, or a restart begun, to the "
+    "next attempt's workers starting, without the rendezvous round inside); the workers count the rest"
+)
+
+
+#: The causes the agent counts.
+_AGENT_CAUSES = ("rendezvous", "restart")
+
+
+def _goodput_counter() -> Any:
+    return (
+        pipeline.get_pipeline()
+        .meter_provider.get_meter(SCOPE, __version__)
+        .create_counter(names.GOODPUT_TIME, unit="s", description=_GOODPUT_DESCRIPTION)
+    )
+
+
+def _goodput_start() -> None:
+    """The agent's causes at 0 from the run's start: a scrape sees the series before its first seconds, so that a
+    rate over a window (the recording rule) counts them -- Prometheus cannot count a series' first value."""
+    counter = _goodput_counter()
+    for cause in _AGENT_CAUSES:
+        counter.add(0, {names.CAUSE: cause})
+
+
+def _goodput_add(agent: Any, cause: str, seconds: float) -> None:
+    """Add ``seconds`` of the agent's time, times its local workers, to ``torchelastic.goodput.time`` {cause}."""
+    workers = int(_spec(agent).local_world_size)
+    if seconds <= 0 or workers <= 0:
+        return
+    _goodput_counter().add(seconds * workers, {names.CAUSE: cause})
+
+
+def _restart_begins(state: _AgentState) -> None:
+    """A failure is detected or a restart begins: the restart's time runs from the first of them."""
+    if state.restart_from is None:
+        state.restart_from = time.monotonic()
+        state.restart_rdzv = 0.0
+
+
+def _rendezvous_done(agent: Any, seconds: float) -> None:
+    state = _state(agent)
+    if state.restart_from is not None:
+        state.restart_rdzv += seconds
+    _goodput_add(agent, "rendezvous", seconds)
+
+
+def _workers_starting(agent: Any) -> None:
+    """The next attempt's workers start: the restart under way, if any, ends here (their own counters take over
+    from their process's start)."""
+    state = _state(agent)
+    began, state.restart_from = state.restart_from, None
+    if began is not None:
+        _goodput_add(agent, "restart", time.monotonic() - began - state.restart_rdzv)
+
+
+# ---- when a run begins ----------------------------------------------------------------------------------------
+
+#: The launchers whose command is the run: ``python -m torch.distributed.run`` / ``torchrun`` and the bridge's own.
+_LAUNCHER_MODULES = ("torch.distributed.run", "torchelastic_otel.run")
+_LAUNCHER_SCRIPTS = ("torchrun", "torchelastic-otel")
+_first_run = [True]
+
+
+def _run_start_ns() -> int | None:
+    """When the run span begins: with its process, for the first run of a launcher's command (``torchrun``,
+    ``torchelastic-otel run``, also under ``opentelemetry-instrument``) -- the command's start-up (the interpreter,
+    torch's import: a second or more) is the job's wall time too, and its goodput counts it; ``None`` (now) for a
+    launch from a longer-lived process (a notebook, a custom launcher) and for a process's later runs."""
+    first, _first_run[0] = _first_run[0], False
+    if not first:
+        return None
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    command = getattr(spec, "name", None) in _LAUNCHER_MODULES
+    command = command or os.path.basename(sys.argv[0] if sys.argv else "") in _LAUNCHER_SCRIPTS
+    return process_start_ns() if command else None
+
+
 # ---- wrappers -----------------------------------------------------------------------------------------------
 
 
@@ -154,8 +247,9 @@ def _wrap_run(orig: Callable[..., Any], metric_emit: Callable[[MetricData], None
         attributes = _safe(_run_attributes, self) or {}
         state.run_attributes = attributes
         parent = _safe(run_parent_context, attributes.get(names.RUN_ID, ""))
-        span = _tracer().start_span(names.RUN, context=parent, attributes=attributes)
+        span = _tracer().start_span(names.RUN, context=parent, attributes=attributes, start_time=_run_start_ns())
         state.run = span
+        _safe_goodput(_goodput_start)
         token = otel_context.attach(trace.set_span_in_context(span))
         try:
             result = orig(self, *args, **kwargs)
@@ -227,10 +321,34 @@ def _wrap_span(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _wrap_rendezvous(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """The rendezvous span, and its seconds (finished or failed) counted as goodput cause ``rendezvous``."""
+    inner = _wrap_span(names.RENDEZVOUS, orig)
+
+    @functools.wraps(orig)
+    def _rendezvous(self: Any, *args: Any, **kwargs: Any) -> Any:
+        began = time.monotonic()
+        try:
+            return inner(self, *args, **kwargs)
+        finally:
+            _safe_goodput(_rendezvous_done, self, time.monotonic() - began)
+
+    return _rendezvous
+
+
+def _safe_goodput(fn: Callable[..., Any], *args: Any) -> None:
+    """A goodput step: a failure is counted (``torchelastic_otel.dropped`` {metrics, goodput_error}), never raised."""
+    try:
+        fn(*args)
+    except Exception:
+        selftelemetry.count(selftelemetry.DROPPED, "metrics", "goodput_error")
+
+
 def _wrap_start(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def _start_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
         state = _state(self)
+        _safe_goodput(_workers_starting, self)
         with _tracer().start_as_current_span(
             names.WORKERS_START,
             attributes={names.RESTART_COUNT: _restart_count(self)},
@@ -331,6 +449,7 @@ def _observe_monitor(agent: Any, worker_group: Any, result: Any) -> None:
     if name not in ("FAILED", "UNHEALTHY") or state.failure_seen:
         return
     state.failure_seen = True
+    _safe_goodput(_restart_begins, state)
     parent = state.attempt
     ctx = trace.set_span_in_context(parent) if parent is not None else None
     failures = getattr(result, "failures", {}) or {}
@@ -432,6 +551,7 @@ def _wrap_restart(orig: Callable[..., Any], metric_emit: Callable[[MetricData], 
     @functools.wraps(orig)
     def _restart_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
         state = _state(self)
+        _safe_goodput(_restart_begins, state)
         restart_count = _restart_count(self)
         reason = "failure" if state.last_state in ("FAILED", "UNHEALTHY") else "membership_change"
         role = str(getattr(_spec(self), "role", "default"))
@@ -502,7 +622,7 @@ def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None
     patches.on_restore(root_cause.discard_failure_dir)  # made when the first workers start (``_worker_env``)
     wrap(SimpleElasticAgent, "run", lambda f: _wrap_run(f, metric_emit))
     wrap(SimpleElasticAgent, "_initialize_workers", _wrap_initialize)
-    wrap(SimpleElasticAgent, "_rendezvous", lambda f: _wrap_span(names.RENDEZVOUS, f))
+    wrap(SimpleElasticAgent, "_rendezvous", _wrap_rendezvous)
     wrap(SimpleElasticAgent, "_restart_workers", lambda f: _wrap_restart(f, metric_emit))
     wrap(LocalElasticAgent, "_start_workers", _wrap_start)
     wrap(LocalElasticAgent, "_monitor_workers", _wrap_monitor)

@@ -368,6 +368,9 @@ def after_drain() -> None:
     try:
         for cause, seconds in added.items():
             meters.goodput.add(seconds, {names.CAUSE: cause})
+        if book.started:
+            for cause, seconds in book.at_risk.items():
+                meters.at_risk.set(seconds, {names.CAUSE: cause})
     except Exception as exc:
         selftelemetry.count(selftelemetry.DROPPED, "metrics", "record_error")
         _logger.debug("torchelastic_otel: goodput dropped: %s", exc, exc_info=True)
@@ -416,14 +419,6 @@ def _meters() -> Any:
     except Exception:
         selftelemetry.count(selftelemetry.DROPPED, "metrics", "record_error")
         return None
-
-
-def observe_at_risk() -> list[tuple[float, dict[str, str]]]:
-    """The at-risk gauge's observations (the SDK's collection thread)."""
-    book = _state.ledger
-    if book is None or not book.started:
-        return []
-    return [(seconds, {names.CAUSE: cause}) for cause, seconds in list(book.at_risk.items())]
 
 
 def add_lost_progress() -> float:

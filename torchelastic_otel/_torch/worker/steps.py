@@ -103,6 +103,7 @@ class _Instruments:
         self.seq: Any = None
         self.phase: Any = None
         self.goodput: Any = None
+        self.at_risk: Any = None
 
     def get(self) -> _Instruments:
         generation = pipeline._generation[0]
@@ -137,11 +138,16 @@ class _Instruments:
                 description="Where this process's time went, by cause (goodput: productive, startup, input_wait, "
                 "checkpoint_save, checkpoint_load, stalled, lost_progress; the agent adds rendezvous and restart)",
             )  # fmt: skip
-            meter.create_observable_gauge(
-                names.WORKER_PROGRESS_AT_RISK, callbacks=[_observe_at_risk], unit="s",
+            # A synchronous gauge, set at each drain: an observable one registered here -- under the step buffer's
+            # lock, which a metric collection's drain waits for -- deadlocks with a collection that holds the SDK's
+            # consumer lock (seen: a worker hung in destroy_process_group).
+            self.at_risk = meter.create_gauge(
+                names.WORKER_PROGRESS_AT_RISK, unit="s",
                 description="Step seconds since this rank's last completed checkpoint save: what a failure now "
                 "would throw away (attribute cause: productive, input_wait, stalled)",
             )  # fmt: skip
+            for cause in anatomy.CAUSES:  # every series from its first export: Prometheus's rate() skips a first value
+                self.goodput.add(0, {names.CAUSE: cause})
             self._generation = generation
         return self
 
@@ -152,16 +158,6 @@ _instruments = _Instruments()
 def instruments() -> _Instruments:
     """The instruments, (re)created for the current pipeline (after a fork's rebuild, a ``setup()``)."""
     return _instruments.get()
-
-
-def _observe_at_risk(_options: Any) -> Any:
-    from opentelemetry.metrics import Observation
-
-    try:
-        return [Observation(value, attributes) for value, attributes in anatomy.observe_at_risk()]
-    except Exception:
-        selftelemetry.count(selftelemetry.DROPPED, "metrics", "observe_error")
-        return []
 
 
 class _StepBuffer(_drainer.Buffer):

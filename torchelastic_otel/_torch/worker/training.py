@@ -28,6 +28,7 @@ __all__ = ["install", "enabled", "FLIGHT_RECORDER_ENTRIES"]
 #: The Flight Recorder's size the bridge asks for when the job sets none (torch 2.13's default for gloo).
 FLIGHT_RECORDER_ENTRIES = "2000"
 _OPTIMIZER_MODULE = "torch.optim.optimizer"
+_C10D_MODULE = "torch.distributed.distributed_c10d"
 #: Seconds between two looks of the watchdog.
 TICK_SECONDS = 1.0
 
@@ -40,6 +41,10 @@ def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[st
     """Set up the training telemetry of this torchrun worker (see the module's docstring)."""
     if not enabled():
         return
+    from torchelastic_otel._torch.worker import checkpoints, memory
+
+    memory.install(patches)
+    checkpoints.install(patches)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
     hooked = _hook_optimizers(patches)
     from torchelastic_otel._export import drainer as _drainer
@@ -56,6 +61,7 @@ def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[st
 
     anatomy.install(patches, collectives.enabled)
     _read_at_exit(patches)
+    _read_before_destroy(patches)
     if add_final_metadata is not None:
         # The terminated and exception records carry the Flight Recorder's summary (the collective a rank waits in),
         # and count what the failure threw away (``anatomy``).
@@ -74,6 +80,42 @@ def _lost_progress() -> dict[str, Any]:
 
 
 _lost: list[float | None] = [None]
+
+
+def _read_before_destroy(patches: Patches) -> None:
+    """Before the default process group is destroyed (a script's last call to torch.distributed, often followed by
+    ``os._exit``, which skips ``atexit``): the Flight Recorder's last entries, as at exit. A job shorter than the
+    recorder's read interval (10 s) had none read before (issue 28: an 80-step job named no straggler)."""
+    from torchelastic_otel._torch import imports
+
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        import functools
+
+        @functools.wraps(original)
+        def destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if group is None:
+                from torchelastic_otel import pipeline
+                from torchelastic_otel._torch.worker import collectives
+
+                if pipeline.ready() is not None:
+                    collectives.read_at_exit()
+            return original(group, *args, **kwargs)
+
+        destroy_process_group.__torchelastic_otel_original__ = original  # type: ignore[attr-defined]
+        return destroy_process_group
+
+    def hook(c10d: Any) -> None:
+        original = getattr(c10d, "destroy_process_group", None)
+        if not callable(original) or hasattr(original, "__torchelastic_otel_original__"):
+            return
+        wrapped = wrap(original)
+        patches.set(c10d, "destroy_process_group", wrapped)
+        package = sys.modules.get("torch.distributed")
+        if package is not None and getattr(package, "destroy_process_group", None) is original:
+            patches.set(package, "destroy_process_group", wrapped)  # imported already: its name too
+
+    imports.when_imported(_C10D_MODULE, hook)
+    patches.on_restore(lambda: imports.cancel(_C10D_MODULE, hook))
 
 
 def _read_at_exit(patches: Patches) -> None:

@@ -1,0 +1,254 @@
+"""What the report says about the workers' memory: each worker's resident set size over time, and the ranks whose
+memory creeps (grows steadily over their run: a leak that ends in an OOM if the job runs long enough).
+
+From the workers' own ``process.memory.usage`` points (``torchelastic_otel._torch.worker.memory``: the resident set
+size at each export; a gauge-like sum, so each point is the value at its time) and, to find the training part of
+a process's life, its ``torchelastic.worker.steps`` points (a cumulative counter).
+
+**Creep**, per worker process (one rank in one attempt): a least-squares line is fitted to its points over the
+*window*, and the process creeps when all of these hold:
+
+- the window has at least ``MIN_POINTS`` (5) points;
+- growth over the window (the fitted line's rise) is at least ``MIN_GROWTH_BYTES`` (64 MiB) **and** at least
+  ``MIN_GROWTH_RATIO`` (20 %) of the line's value at the window's start;
+- the growth is steady: the line explains at least ``MIN_R2`` (0.8) of the variance (R²);
+- it still grows at the end: the line fitted to the window's second half alone rises at least ``MIN_LATE_SHARE``
+  (half) as fast.
+
+The *window* is the training: from the first export that counted a step to the first export that counted the last
+one (the steps counter's first point above 0 to its first point at its final value); a process that marked no steps
+(steps off, a loop without an optimizer) is fitted over its run without the first ``WARM_UP_SHARE`` (20 %) and the
+last ``TAIL_SHARE`` (5 %) of its points' time span.
+
+Why these, measured on real 2-rank gloo jobs on CPU (``tests/support/workers/mem_worker.py``, 200 ms exports):
+
+- before the first step a worker's RSS climbs almost linearly: 226 -> 322 MiB (+42 %) over the ~5 s of importing
+  torch and setting up the process group: by its shape alone it is a leak. Hence the window starts at the first
+  step, and without steps the first 20 % of the run is left out (for a run much longer than its start-up, the 20 %
+  hold all of it);
+- a healthy loop grows over its first steps and then not at all: a 2 x 2048² MLP under DDP with SGD went
+  322 -> 364 -> 380 -> 396 MiB in steps 1-3 (gradients, DDP's buckets, the allocator's arenas: +74 MiB, +23 %)
+  and stayed at 396 MiB to the byte for the 57 steps after; a 2 x 256² one grew 7 MiB (2 %) over its 40 steps.
+  The first step's export comes after some of that warm-up, not all of it: the 64 MiB floor is above what is left
+  of it (~32 MiB here), and a warm-up followed by a plateau is no line (R² well below 0.8);
+- at exit Python frees what the loop kept: the leaking rank's last points were back at its start (632 -> 312 MiB),
+  which is why the window ends at the last step (without steps: the last 5 % are left out);
+- R² >= 0.8 rules out a single jump (a dataset loaded once, a cache filled once) wherever it lies in the window:
+  points evenly spread over a window with one step from a to b at a fraction p of it have R² = 3p(1-p) <= 0.75.
+  The leaking rank of the test job (8 MiB kept every 0.1 s) fits a line with R² > 0.99;
+- a ramp that stops is no creep, however straight it was: without steps, the 20 % cut of a short run still holds
+  part of the start-up's ramp (the test job's healthy rank, fitted from 20 % of its 9 s: +57 MiB at R² 0.84, ramp
+  then plateau), and its second half is flat; a leak's second half rises as fast as the whole;
+- 20 % of the start: the growth must matter against the process's own size (a process of 20 GiB that grows 100 MiB
+  while its caches fill is not what ends in an OOM), and it must be far above the measurement's noise (RSS of a
+  flat process moves by a few MiB between exports: the 64 MiB floor).
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+from torchelastic_otel import _names as names
+from torchelastic_otel.report.model import Job
+from torchelastic_otel.report.records import Point, Proc
+
+__all__ = ["Creep", "MemorySeries", "creep", "memory_series", "fit", "creeping", "MIN_GROWTH_BYTES"]
+
+USAGE = names.PROCESS_MEMORY_USAGE
+STEPS = names.WORKER_STEPS
+MIB = 1 << 20
+MIN_POINTS = 5
+MIN_GROWTH_BYTES = 64 * MIB
+MIN_GROWTH_RATIO = 0.2
+MIN_R2 = 0.8
+MIN_LATE_SHARE = 0.5
+WARM_UP_SHARE = 0.2
+TAIL_SHARE = 0.05
+
+
+@dataclass
+class Creep:
+    """A worker process whose memory grows steadily over its run (see the module's docstring)."""
+
+    rank: int
+    restart: int
+    host: str
+    first_bytes: float  # the fitted line at the window's start
+    last_bytes: float  # the fitted line at the window's end
+    growth_bytes_per_s: float  # the line's slope
+    seconds: float  # the window's length
+    text: str  # "rank 1 grew 310 MiB in 42 s (+7.4 MiB/s), 1.9x its start"
+    pid: int | None = None
+    r2: float = 0.0
+    start: int = 0  # the window, ns since the epoch
+    end: int = 0
+
+    @property
+    def growth_bytes(self) -> float:
+        return self.last_bytes - self.first_bytes
+
+
+@dataclass
+class MemorySeries:
+    """One worker process's resident set size over time (thinned for a chart)."""
+
+    label: str
+    rank: int
+    restart: int
+    host: str
+    pid: int | None
+    points: list[tuple[int, float]]  # (time ns since the epoch, bytes)
+
+
+def fit(points: list[tuple[int, float]]) -> tuple[float, float, float]:
+    """The least-squares line through ``(time ns, bytes)``: ``(slope in bytes/s, value at the first time, R²)``.
+    R² is 0 for a flat series (nothing to explain)."""
+    t0 = points[0][0]
+    xs = [(t - t0) / 1e9 for t, _ in points]
+    ys = [v for _, v in points]
+    n = len(points)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    if sxx <= 0:
+        return 0.0, my, 0.0
+    slope = sxy / sxx
+    r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
+    return slope, my - slope * mx, r2
+
+
+def creeping(points: list[tuple[int, float]], steps: list[tuple[int, float]] | None = None) -> Creep | None:
+    """Whether one process's memory points (``(time ns, bytes)``) creep, given its steps counter's points (``(time
+    ns, cumulative steps)``, if any); the ``Creep`` (rank and names left blank) or ``None``."""
+    window = _window(sorted(points), sorted(steps or []))
+    if len(window) < MIN_POINTS:
+        return None
+    slope, first, r2 = fit(window)
+    seconds = (window[-1][0] - window[0][0]) / 1e9
+    growth = slope * seconds
+    if growth < MIN_GROWTH_BYTES or first <= 0 or growth < MIN_GROWTH_RATIO * first or r2 < MIN_R2:
+        return None
+    late = [p for p in window if p[0] >= (window[0][0] + window[-1][0]) / 2]
+    if len(late) < 2 or fit(late)[0] < MIN_LATE_SHARE * slope:
+        return None  # it grew, and then stopped: a warm-up, not a creep
+    return Creep(rank=-1, restart=0, host="", first_bytes=first, last_bytes=first + growth, growth_bytes_per_s=slope,
+                 seconds=seconds, text="", r2=r2, start=window[0][0], end=window[-1][0])  # fmt: skip
+
+
+def _window(points: list[tuple[int, float]], steps: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The points of the process's training (see the module's docstring)."""
+    if not points:
+        return []
+    counted = [(t, v) for t, v in steps if v > 0]
+    start: float
+    end: float
+    if counted:
+        final = max(v for _, v in counted)
+        start, end = counted[0][0], min(t for t, v in counted if v >= final)
+    else:
+        t0, t1 = points[0][0], points[-1][0]
+        start, end = t0 + WARM_UP_SHARE * (t1 - t0), t1 - TAIL_SHARE * (t1 - t0)
+    return [(t, v) for t, v in points if start <= t <= end]
+
+
+def _by_process(job: Job, name: str) -> dict[Proc, list[tuple[int, float]]]:
+    """``(time, value)`` of the points of ``name`` per worker process, one per time (the last written wins)."""
+    out: dict[Proc, dict[int, float]] = collections.defaultdict(dict)
+    for point in job.points:
+        if _usable(point, name):
+            out[point.proc][point.time] = point.value  # type: ignore[assignment]  # (_usable: not None)
+    return {proc: sorted(values.items()) for proc, values in out.items()}
+
+
+def _usable(point: Point, name: str) -> bool:
+    proc = point.proc
+    return (
+        point.name == name and point.kind in ("sum", "gauge") and point.value is not None and bool(point.time)
+        and proc.kind == "worker" and proc.rank is not None
+    )  # fmt: skip
+
+
+def _labels(procs: list[Proc]) -> dict[Proc, str]:
+    """``rank 1, restart 0``; with the pid where a rank has several processes in one attempt (its helpers)."""
+    count = collections.Counter((p.restart or 0, p.rank, p.host) for p in procs)
+    return {
+        p: p.label + (f", pid {p.pid}" if count[(p.restart or 0, p.rank, p.host)] > 1 else "")
+        for p in procs
+    }  # fmt: skip
+
+
+def _order(proc: Proc) -> tuple[int, int, str, int]:
+    return (proc.restart or 0, proc.rank if proc.rank is not None else -1, proc.host, proc.pid or 0)
+
+
+def memory_series(job: Job, max_points: int = 150) -> list[MemorySeries]:
+    """Each worker process's resident set size over time, for charts (at most ``max_points`` points each)."""
+    usage = _by_process(job, USAGE)
+    labels = _labels(list(usage))
+    out = []
+    for proc in sorted(usage, key=_order):
+        out.append(MemorySeries(labels[proc], proc.rank or 0, proc.restart or 0, proc.host, proc.pid,
+                                _thin(usage[proc], max_points)))  # fmt: skip
+    return out
+
+
+def creep(job: Job) -> list[Creep]:
+    """The worker processes whose memory creeps, fastest first (see the module's docstring for the rule)."""
+    usage = _by_process(job, USAGE)
+    steps = _by_process(job, STEPS)
+    several = len({a.restart for a in job.attempts}) > 1 or any((p.restart or 0) > 0 for p in usage)
+    found = []
+    for proc in sorted(usage, key=_order):
+        found_here = creeping(usage[proc], steps.get(proc))
+        if found_here is None:
+            continue
+        found_here.rank, found_here.restart = proc.rank or 0, proc.restart or 0
+        found_here.host, found_here.pid = proc.host, proc.pid
+        found_here.text = _text(found_here, several, len([p for p in usage if _same_worker(p, proc)]) > 1)
+        found.append(found_here)
+    return sorted(found, key=lambda c: -c.growth_bytes_per_s)
+
+
+def _same_worker(a: Proc, b: Proc) -> bool:
+    return (a.restart or 0, a.rank, a.host) == (b.restart or 0, b.rank, b.host)
+
+
+def _text(c: Creep, with_restart: bool, with_pid: bool) -> str:
+    who = f"rank {c.rank}"
+    details = [f"restart {c.restart}"] if with_restart else []
+    details += [f"pid {c.pid}"] if with_pid and c.pid is not None else []
+    if details:
+        who += f" ({', '.join(details)})"
+    ratio = c.last_bytes / c.first_bytes if c.first_bytes > 0 else float("inf")
+    return f"{who} grew {_bytes(c.growth_bytes)} in {_duration(c.seconds)} ({_rate(c.growth_bytes_per_s)}), " \
+        f"{ratio:.1f}x its start"  # fmt: skip
+
+
+def _bytes(value: float) -> str:
+    return f"{value / MIB:.0f} MiB" if value < 1024 * MIB else f"{value / (1024 * MIB):.1f} GiB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _rate(bytes_per_s: float) -> str:
+    per_s = bytes_per_s / MIB
+    if per_s >= 0.1:
+        return f"+{per_s:.1f} MiB/s"
+    if per_s * 60 >= 0.1:
+        return f"+{per_s * 60:.1f} MiB/min"
+    return f"+{per_s * 3600:.1f} MiB/h"
+
+
+def _thin(points: list[tuple[int, float]], limit: int) -> list[tuple[int, float]]:
+    if len(points) <= limit or limit < 2:
+        return points
+    step = (len(points) - 1) / (limit - 1)
+    return [points[round(i * step)] for i in range(limit)]

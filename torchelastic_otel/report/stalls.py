@@ -1,0 +1,104 @@
+"""The stalls of a job's ranks, from their ``torchelastic.worker.stalled`` records: one per rank and start, with the
+innermost frame of the main thread and the line of the user's code. Read by the training analysis (``training``)
+and by the goodput partition (``goodput``: a stalled tail is ``stalled``), so it is its own module.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchelastic_otel import _names as names
+from torchelastic_otel.report.model import Job, as_int, as_str
+from torchelastic_otel.report.records import LogRecord
+
+__all__ = ["Stall", "stalls", "stack_top", "collectives_of", "rank_of", "restart_of", "STALLED_EVENT"]
+
+STALLED_EVENT = names.WORKER_STALLED
+_COLLECTIVES = names.COLLECTIVES_PREFIX
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+), in (?P<function>.*)$')
+
+
+@dataclass
+class Stall:
+    rank: int | None
+    restart: int
+    host: str
+    since: int  # ns since the epoch: the rank's last progress
+    first_record: int
+    seconds: float  # the longest the stall was seen to last
+    records: int
+    stack_top: str  # the innermost frame of the main thread
+    code: str  # the main thread's line of the user's code
+    stack: str
+    collectives: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def rank_of(rec: LogRecord) -> int | None:
+    return rec.proc.rank if rec.proc.rank is not None else as_int(rec.attrs.get(names.GLOBAL_RANK))
+
+
+def restart_of(rec: LogRecord) -> int:
+    if rec.proc.restart is not None:
+        return rec.proc.restart
+    return as_int(rec.attrs.get(names.RESTART_COUNT)) or 0
+
+
+def stack_top(stack: str) -> str:
+    """The innermost frame of the first (main) thread of a ``torchelastic.stack`` text: ``path:line in function``."""
+    top = ""
+    for line in stack.splitlines():
+        if line.startswith("Thread ") and top:
+            break
+        match = _FRAME.match(line)
+        if match:
+            top = f"{match['path']}:{match['line']} in {match['function']}"
+    return top
+
+
+def _code(attrs: dict[str, Any]) -> str:
+    path = as_str(attrs.get("code.file.path"))
+    if not path:
+        return ""
+    return f"{path}:{as_str(attrs.get('code.line.number'))} in {as_str(attrs.get('code.function.name'))}"
+
+
+def stalls(job: Job) -> list[Stall]:
+    """The job's stalls: one per rank and start (its repeats counted), in time order."""
+    found: dict[tuple[int, int | None, int], Stall] = {}
+    for rec in sorted((r for r in job.logs if r.name == STALLED_EVENT), key=lambda r: r.time):
+        since = as_int(rec.attrs.get(names.STALLED_SINCE_UNIX_NANO)) or rec.time
+        key = (restart_of(rec), rank_of(rec), since)
+        seconds = _float(rec.attrs.get(names.STALLED_SECONDS))
+        stack = as_str(rec.attrs.get(names.STACK))
+        stall = found.get(key)
+        if stall is None:
+            found[key] = Stall(key[1], key[0], rec.proc.host, since, rec.time, seconds, 1, stack_top(stack),
+                               _code(rec.attrs), stack, collectives_of(rec.attrs))  # fmt: skip
+            continue
+        stall.records += 1
+        stall.seconds = max(stall.seconds, seconds)
+        stall.stack_top, stall.code = stack_top(stack) or stall.stack_top, _code(rec.attrs) or stall.code
+        stall.stack, stall.collectives = stack or stall.stack, collectives_of(rec.attrs) or stall.collectives
+    return sorted(found.values(), key=lambda s: (s.restart, s.since, s.rank if s.rank is not None else -1))
+
+
+def _float(raw: Any) -> float:
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def collectives_of(attrs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``torchelastic.collectives.<group>.<field>`` attributes -> ``{group: {field: value}}``."""
+    out: dict[str, dict[str, Any]] = collections.defaultdict(dict)
+    for key, raw in attrs.items():
+        if not key.startswith(_COLLECTIVES):
+            continue
+        group, _, name = key[len(_COLLECTIVES) :].rpartition(".")
+        if group and name:
+            out[group][name] = as_str(raw) if name == "pending" else as_int(raw)
+    return dict(out)
