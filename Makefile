@@ -38,13 +38,15 @@ demo: bytecode
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
 test: bytecode lint stack-deps browser-deps
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not solo"
-	$(PY) -m pytest -q -m solo
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not solo" --hypothesis-profile=full
+	$(PY) -m pytest -q -m solo --hypothesis-profile=full
 
-# The tests that run in one process (tests/unit, less the ones marked as starting processes): under a minute.
-# `make test` runs everything: the torchrun jobs (tests/jobs), the servers (tests/stack) and the browser too.
+# The tests that run in one process (tests/unit, less the ones marked as starting processes; tests/jobs and
+# tests/stack are not even imported): under a minute, the fuzz tests trying a tenth of their examples (Hypothesis
+# profile `fast`, tests/conftest.py). `make test` runs everything: the torchrun jobs (tests/jobs), the servers
+# (tests/stack), the browser, and every example (profile `full`).
 test-fast: bytecode
-	$(PY) -m pytest -q -m "not jobs and not stack and not browser"
+	$(PY) -m pytest -q -m "not jobs and not stack and not browser" --hypothesis-profile=fast tests/unit
 
 # Lint, format and type checks (configured in pyproject.toml) and no import cycle in the package.
 lint: venv

@@ -2,6 +2,10 @@
 
 The helpers the tests share are in ``tests/support``; each folder's ``conftest.py`` marks its tests (``jobs``,
 ``stack``: see ``[tool.pytest.ini_options]`` in ``pyproject.toml``).
+
+Hypothesis profiles: ``full`` (Hypothesis's own settings: what ``make test`` and a plain ``pytest`` run) and ``fast``
+(``make test-fast``: ``--hypothesis-profile=fast``), a tenth of the examples. A test that asks for its own number of
+examples writes it as ``examples(n)``: ``n`` under ``full``, the loaded profile's share of it under another.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
@@ -23,6 +28,20 @@ from tests.support.otel import KEEP_ALIVE, InMemoryOtel
 from torchelastic_otel import events as te_events
 from torchelastic_otel import pipeline
 from torchelastic_otel.metrics import api as te_metrics_api
+
+# "full": what Hypothesis loads by itself (its "default" profile, or "ci" where it detects CI); "fast": the same with a
+# tenth of the examples.
+FULL = settings.default  # the profile loaded when this module is imported (before any --hypothesis-profile)
+settings.register_profile("full", FULL)
+settings.register_profile("fast", FULL, max_examples=FULL.max_examples // 10)
+
+
+def examples(n: int) -> int:
+    """``n`` examples under the ``full`` profile; as many in proportion under the loaded one (``fast``: a tenth).
+
+    Call it at import (in ``@settings(max_examples=...)``): pytest applies ``--hypothesis-profile`` before it
+    imports the test modules."""
+    return max(1, n * settings.default.max_examples // FULL.max_examples)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import torch.distributed.elastic.events.handlers as tev_handlers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import examples
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import events
 from torchelastic_otel.events import api as te_api
@@ -39,7 +40,7 @@ _metadata_values = st.one_of(
 _metadata = st.dictionaries(st.text(max_size=15), _metadata_values, max_size=6)
 _sources = st.sampled_from(["AGENT", "WORKER"])
 _timestamps = st.one_of(st.just(0), st.integers(min_value=0, max_value=2**62))
-_fast = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_fast = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 class Capture(logging.Handler):

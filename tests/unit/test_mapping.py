@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from opentelemetry.metrics._internal.instrument import Instrument
 
 import torchelastic_otel
+from tests.conftest import examples
 from tests.support.otel import KEEP_ALIVE, metric_of, points_of
 from tests.support.releases import torch_events_have_exit_code
 from torchelastic_otel import _selftelemetry as selftelemetry
@@ -212,7 +213,7 @@ def test_valid_instrument_name_examples(name):
         assert result == name  # valid names are kept as they are
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.one_of(st.text(), st.text(max_size=10_000), st.text(alphabet=st.characters(categories=["P", "S", "Z"]))))
 def test_valid_instrument_name_property(name):
     result = valid_instrument_name(name)
@@ -610,7 +611,7 @@ def test_nested_and_odd_metadata_made_valid(otel):
     assert exported == {k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.items()}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.recursive(
         st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20), st.binary(max_size=8)),

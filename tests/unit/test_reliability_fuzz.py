@@ -12,7 +12,8 @@ pipelines. For each input the test asserts:
   homogeneous sequence of them), the SDK dropped no attribute, and every instrument name matches
   ``[a-zA-Z][-_./a-zA-Z0-9]{0,254}``.
 
-The number of cases tried is printed (>= 10,000 in total) and the whole file runs in well under a minute.
+The number of cases tried is printed (>= 10,000 in total) and the whole file runs in well under a minute; under
+``make test-fast`` (the ``fast`` Hypothesis profile: see ``tests/conftest.py``) a tenth of them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 from opentelemetry.sdk.trace import TracerProvider
 
 import torchelastic_otel
+from tests.conftest import examples
 from tests.support.rel_common import report
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import events, metrics
@@ -54,7 +56,8 @@ SELF_TELEMETRY = {"torchelastic_otel.dropped", "torchelastic_otel.sanitized", "t
 #: not_serializable drops the copy for a non-OTel handler on the destination's logger (the record is exported).
 NOT_RECORD_DROPS = {"attribute_limit", "not_serializable"}
 
-EXAMPLES = {"event": 3000, "legacy": 1500, "logging": 1500, "rdzv": 1000, "metric": 3200}
+EXAMPLES = {"event": examples(3000), "legacy": examples(1500), "logging": examples(1500), "rdzv": examples(1000),
+            "metric": examples(3200)}  # fmt: skip
 _settings = dict(deadline=None, suppress_health_check=list(HealthCheck), database=None)
 _tried: dict[str, int] = dict.fromkeys(EXAMPLES, 0)
 _KEEP_ALIVE: list[Any] = []  # self-telemetry registers per id(meter_provider): never let an id be reused
@@ -301,7 +304,7 @@ def fuzz() -> Any:
     total = sum(_tried.values())
     report("fuzz: cases tried", [*sorted(_tried.items()), ("total", total)])
     if all(_tried.values()):  # the whole file ran
-        assert total >= 10_000, _tried
+        assert total >= examples(10_000), _tried
 
 
 # ---- checks -------------------------------------------------------------------------------------------------------
