@@ -35,6 +35,7 @@ __all__ = [
     "SETTINGS",
     "STALL_SECONDS",
     "STEPS",
+    "GOODPUT",
     "Setting",
     "WORKER",
     "WORKER_LOGGING",
@@ -155,6 +156,11 @@ PROMETHEUS_PORT_OFFSET = _setting(Setting(
 STEPS = _setting(Setting(
     "TORCHELASTIC_OTEL_STEPS", True, _flag,
     "`0`: no step marks, no stall watchdog, no Flight Recorder reads in workers.",
+))  # fmt: skip
+GOODPUT = _setting(Setting(
+    "TORCHELASTIC_OTEL_GOODPUT", True, _flag,
+    "`0`: no step phases, checkpoint spans, memory gauges or goodput counters in workers (steps, stragglers and "
+    "stalls stay; `TORCHELASTIC_OTEL_STEPS=0` turns everything off).",
 ))  # fmt: skip
 STALL_SECONDS = _setting(Setting(
     "TORCHELASTIC_OTEL_STALL_SECONDS", None, _non_negative,

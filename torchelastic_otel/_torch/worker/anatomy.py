@@ -328,9 +328,19 @@ class _State:
         self.ledger: Ledger | None = None
         self.lock = threading.Lock()
         self.recorder_enabled: Any = None  # ``collectives.enabled``, given by ``install``
+        self.installed = False
 
 
 _state = _State()
+
+
+def installed() -> bool:
+    return _state.installed
+
+
+def active() -> Ledger | None:
+    """This process's ledger, where ``install`` ran (``None``: the goodput telemetry is off)."""
+    return ledger() if _state.installed else None
 
 
 def ledger() -> Ledger:
@@ -488,6 +498,7 @@ def install(patches: Any, recorder_enabled: Any = None) -> None:
     from torchelastic_otel._torch import imports
 
     _state.recorder_enabled = recorder_enabled
+    _state.installed = True
 
     def dataloader(module: Any) -> None:
         cls = _compat.dataloader_iter_class(module)
@@ -517,6 +528,7 @@ def install(patches: Any, recorder_enabled: Any = None) -> None:
         imports.when_imported(module_name, _guarded(hook, module_name))
 
     def undo() -> None:
+        _state.installed = False
         for module_name, _hook in hooks:
             imports.cancel(module_name, _guarded_of.get(module_name))  # type: ignore[arg-type]
         while handles:

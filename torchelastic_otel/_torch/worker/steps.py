@@ -146,8 +146,9 @@ class _Instruments:
                 description="Step seconds since this rank's last completed checkpoint save: what a failure now "
                 "would throw away (attribute cause: productive, input_wait, stalled)",
             )  # fmt: skip
-            for cause in anatomy.CAUSES:  # every series from its first export: Prometheus's rate() skips a first value
-                self.goodput.add(0, {names.CAUSE: cause})
+            if anatomy.installed():  # every series from its first export: Prometheus's rate() skips a first value
+                for cause in anatomy.CAUSES:
+                    self.goodput.add(0, {names.CAUSE: cause})
             self._generation = generation
         return self
 
@@ -180,7 +181,7 @@ class _StepBuffer(_drainer.Buffer):
             durations: list[float] = []
             steps = 0
             clock = self.clock
-            book = anatomy.ledger()
+            book = anatomy.active()
             events = False
             while pending:
                 try:
@@ -189,20 +190,22 @@ class _StepBuffer(_drainer.Buffer):
                     break
                 events = True
                 if who < 0:
-                    book.event(time_ns, who)
+                    if book is not None:
+                        book.event(time_ns, who)
                     continue
-                if who != EXPLICIT:
+                if who != EXPLICIT and book is not None:
                     book.optimizer_exit(time_ns)
                 if not clock.is_step(who):
                     continue
                 steps += 1
                 duration = clock.mark(time_ns)
-                book.step(time_ns)
+                if book is not None:
+                    book.step(time_ns)
                 if duration is not None:
                     durations.append(duration)
             if steps:
                 self._record(steps, durations)
-            if events:
+            if events and book is not None:
                 anatomy.after_drain()
             return steps
 

@@ -41,10 +41,11 @@ def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[st
     """Set up the training telemetry of this torchrun worker (see the module's docstring)."""
     if not enabled():
         return
-    from torchelastic_otel._torch.worker import checkpoints, memory
+    if _settings.GOODPUT.get():
+        from torchelastic_otel._torch.worker import checkpoints, memory
 
-    memory.install(patches)
-    checkpoints.install(patches)
+        memory.install(patches)
+        checkpoints.install(patches)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
     hooked = _hook_optimizers(patches)
     from torchelastic_otel._export import drainer as _drainer
@@ -59,7 +60,8 @@ def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[st
     patches.on_restore(_drainer.add_periodic(tick, TICK_SECONDS))
     from torchelastic_otel._torch.worker import anatomy, collectives
 
-    anatomy.install(patches, collectives.enabled)
+    if _settings.GOODPUT.get():
+        anatomy.install(patches, collectives.enabled)
     _read_at_exit(patches)
     _read_before_destroy(patches)
     if add_final_metadata is not None:
@@ -94,11 +96,7 @@ def _read_before_destroy(patches: Patches) -> None:
         @functools.wraps(original)
         def destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
             if group is None:
-                from torchelastic_otel import pipeline
-                from torchelastic_otel._torch.worker import collectives
-
-                if pipeline.ready() is not None:
-                    collectives.read_at_exit()
+                _read_and_export()
             return original(group, *args, **kwargs)
 
         destroy_process_group.__torchelastic_otel_original__ = original  # type: ignore[attr-defined]
@@ -116,6 +114,28 @@ def _read_before_destroy(patches: Patches) -> None:
 
     imports.when_imported(_C10D_MODULE, hook)
     patches.on_restore(lambda: imports.cancel(_C10D_MODULE, hook))
+
+
+#: How long the metric export after the last read may hold ``destroy_process_group`` (once, at the job's end).
+DESTROY_FLUSH_MILLIS = 300
+
+
+def _read_and_export() -> None:
+    """The recorder's last entries, and the metrics they made exported (bounded): a script that ends with
+    ``os._exit`` after ``destroy_process_group`` skips every exit hook. Only where the pipeline is READY."""
+    from torchelastic_otel import pipeline
+    from torchelastic_otel._torch.worker import collectives
+
+    current = pipeline.ready()
+    if current is None:
+        return
+    collectives.read_at_exit()
+    try:
+        current.meter_provider.force_flush(timeout_millis=DESTROY_FLUSH_MILLIS)
+    except Exception:
+        from torchelastic_otel import _selftelemetry as selftelemetry
+
+        selftelemetry.count(selftelemetry.DROPPED, "metrics", "destroy_flush_error")
 
 
 def _read_at_exit(patches: Patches) -> None:
