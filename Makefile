@@ -83,6 +83,7 @@ bench: bytecode
 	$(PY) bench/bench_worker_life.py
 	$(PY) bench/bench_descendants.py
 	$(PY) bench/bench_steps.py
+	$(PY) bench/bench_goodput.py
 	$(PY) bench/bench_report.py
 
 clean:

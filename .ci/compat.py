@@ -34,7 +34,7 @@ CACHE = Path(os.environ.get("TORCHELASTIC_OTEL_COMPAT_CACHE") or Path.home() / "
 #: What every combination runs: real torchrun jobs through the three routes, workers blocked in native code and
 #: SIGTERMed, worker set-up, failure reports, the event/metric mapping, both APIs and the pinned internals; the final
 #: words of bridge-unaware scripts wherever the signal lands (inside torch's import too), and the processes a worker
-#: starts.
+#: starts; the hooks of a step's phases on each torch (dynamo's counters included).
 TESTS = (
     "tests/jobs/test_torchrun.py",
     "tests/jobs/test_worker_sigterm.py",
@@ -48,6 +48,7 @@ TESTS = (
     "tests/jobs/test_final_words.py",
     "tests/jobs/test_sigterm_in_torch_import.py",
     "tests/jobs/test_descendants.py",
+    "tests/unit/test_anatomy.py",
 )
 #: The test tools (the ``test`` extra without the packages whose releases a combination pins).
 TEST_TOOLS = ("pytest>=8", "pyyaml>=6", "hypothesis>=6.100", "grpcio>=1.60", "setuptools>=77", "wheel")

@@ -26,7 +26,26 @@ def _fallback(reason: str, detail: object = "") -> None:
         _logger.warning("torchelastic_otel: %s unavailable (%s); using a fallback", reason, detail)
 
 
+def fallback(reason: str, detail: object = "") -> None:
+    """Count (and log once) a fallback taken elsewhere: a torch or framework internal a patch needs is not there."""
+    _fallback(reason, detail)
+
+
 # ---- CPython -----------------------------------------------------------------------------------------------------
+
+
+def caller_module(depth: int) -> str | None:
+    """The ``__name__`` of the module whose code is ``depth`` frames above the caller (``sys._getframe``,
+    CPython); ``None`` past the stack's top, and (counted) where there is no ``sys._getframe``."""
+    getframe = getattr(sys, "_getframe", None)
+    if getframe is None:
+        _fallback("sys._getframe", "not in this Python")
+        return None
+    try:
+        name = getframe(depth + 1).f_globals.get("__name__")
+    except ValueError:
+        return None
+    return name if isinstance(name, str) else None
 
 
 def thread_frames() -> dict[int, FrameType]:

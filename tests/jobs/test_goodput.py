@@ -29,7 +29,8 @@ S = 1e9
 def _launch(bridged: bool, out: Path, files: Path, restarts: int = 0, **settings: str) -> tuple[int, float, str]:
     """Run the job; (exit code, wall seconds measured here, output)."""
     out.mkdir(parents=True, exist_ok=True)
-    env = stack.clean_env(OMP_NUM_THREADS="1", GOODPUT_OUT=str(out), **settings)
+    # a restart on torch 2.13 can read the last attempt's store keys (pytorch#135712): the store is not shared
+    env = stack.clean_env(OMP_NUM_THREADS="1", GOODPUT_OUT=str(out), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **settings)
     if bridged:
         env.update(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="otlp_json_file",
                    OTEL_LOGS_EXPORTER="otlp_json_file", TORCHELASTIC_OTEL_FILE_DIR=str(files),

@@ -413,3 +413,13 @@ def test_a_dataloader_without_the_base_iterator_is_a_counted_fallback() -> None:
     before = selftelemetry.total(selftelemetry.FALLBACK, reason=reason)
     assert _compat.dataloader_iter_class(object()) is None
     assert selftelemetry.total(selftelemetry.FALLBACK, reason=reason) == before + 1
+
+
+def test_caller_module_names_the_module_of_a_frame_above() -> None:
+    """``checkpoints`` tells torch's own calls (off the main thread) from the user's by the caller's module."""
+
+    def inner() -> str | None:
+        return _compat.caller_module(1)  # 0: inner, 1: this test
+
+    assert inner() == __name__
+    assert _compat.caller_module(10_000) is None  # past the top of the stack

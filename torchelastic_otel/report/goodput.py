@@ -29,9 +29,9 @@ and so is each attempt's. Per rank, walking its worker processes (one per attemp
 
 The ratio is ``productive`` over the wall time (the share of it spent on progress that was kept).
 
-**Phases** (:func:`phases`): per (restart, rank), the median seconds per step of each phase of
-``torchelastic.worker.step.phase.duration``, interpolated in the buckets of the worker's latest (cumulative)
-histogram point, its mean when there are no buckets.
+**Phases** (:func:`phases`): per (restart, rank), the median seconds per step of each phase: the worker's own
+(``torchelastic.worker.step.phase.median``, over its last 1,001 steps) where it sent one, else interpolated in the
+buckets of its latest (cumulative) ``torchelastic.worker.step.phase.duration`` point, its mean without buckets.
 
 **Verdict** (:func:`verdict`): see its docstring for the order and the thresholds.
 """
@@ -304,11 +304,28 @@ def phases(job: Job) -> dict[tuple[int, int], dict[str, float | None]]:
         seen = latest.get(key)
         if seen is None or ((point.count or 0), point.time) > ((seen.count or 0), seen.time):
             latest[key] = point  # cumulative: the point that saw the most steps
+    exact = _phase_medians(job)
     out: dict[tuple[int, int], dict[str, float | None]] = {}
     for (restart, rank, phase), point in sorted(latest.items()):
-        median = point.quantile(0.5)
+        median = exact.get((restart, rank, phase))
+        if median is None:
+            median = point.quantile(0.5)
         out.setdefault((restart, rank), dict.fromkeys(PHASES))[phase] = None if median is None else max(0.0, median)
     return out
+
+
+def _phase_medians(job: Job) -> dict[tuple[int, int, str], float]:
+    """The workers' own medians (``torchelastic.worker.step.phase.median``: the last 1,001 steps), latest by time."""
+    latest: dict[tuple[int, int, str], Point] = {}
+    for point in job.points:
+        proc = point.proc
+        if point.name != names.WORKER_STEP_PHASE_MEDIAN or proc.kind != "worker" or proc.rank is None:
+            continue
+        phase = as_str(point.attrs.get(names.PHASE))
+        key = (proc.restart or 0, proc.rank, phase)
+        if point.value is not None and (key not in latest or point.time >= latest[key].time):
+            latest[key] = point
+    return {key: point.value for key, point in latest.items() if point.value is not None}
 
 
 def step_shares(found: dict[tuple[int, int], dict[str, float | None]]) -> dict[str, float] | None:

@@ -4,17 +4,18 @@
 (``steps._pending``, the same one an optimizer step appends to), nothing else:
 
 - a ``DataLoader`` iterator's ``__next__`` (enter, exit): the loop waiting for its input;
-- ``DistributedDataParallel.forward`` (enter, exit): the forward of a DDP-wrapped model (plain DDP loops, Hugging
-  Face ``Trainer`` and Lightning's DDP strategy all call it once a step). Without it, the forward is the time
-  between the step's last input and its first backward that no other phase claims;
+- the forward: the time between the step's last input and its first backward that no other phase claims (the
+  model's forward, the loss; no hook: one on ``DistributedDataParallel.forward`` cost two more events a step and
+  a check for ``torch.compile``'s tracing -- dynamo inlines it -- for the same figure);
 - ``torch.autograd.backward`` (``loss.backward()`` calls it): the backward;
 - torch's global optimizer step pre hook, and the post hook that marks steps: the optimizer (Lightning runs its
   forward and backward inside ``optimizer.step(closure)``: the innermost phase gets the time);
 - checkpoint saves and loads (``checkpoints``, through :func:`checkpoint_enter` / :func:`checkpoint_exit`).
 
 No module hook is added: a global ``nn.Module`` hook sends every module call through torch's slow path (about a
-microsecond each), where these cost a few appends a step. Each wrapper calls straight through while
-``torch.compile`` traces (``torch.compiler.is_compiling()``), so a compiled model gets no graph break.
+microsecond each), where these cost a few appends a step. Nothing wrapped is traced by ``torch.compile``: dynamo
+breaks the graph at ``loss.backward()`` before it reaches ``torch.autograd.backward``, and does not trace a
+``DataLoader``; a compiled model gets no graph break and no recompile (dynamo's counters, ``tests/unit``).
 
 **On the drainer's thread** (``steps``' drain, every 0.5 s and before every metric collection) the events become, per
 step (from the end of the step before, or for the first step from its first phase event, to its optimizer step):
@@ -39,7 +40,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import sys
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -68,7 +69,6 @@ CAUSES = ("startup", "productive", "input_wait", "checkpoint_save", "checkpoint_
 
 # Event codes: negative, so that they never collide with an optimizer's id (the marks of ``steps``) or EXPLICIT (0).
 INPUT_ENTER, INPUT_EXIT = -1, -2
-FORWARD_ENTER, FORWARD_EXIT = -3, -4
 BACKWARD_ENTER, BACKWARD_EXIT = -5, -6
 OPTIMIZER_ENTER = -7
 SAVE_ENTER, SAVE_EXIT = -9, -10
@@ -76,9 +76,11 @@ LOAD_ENTER, LOAD_EXIT = -11, -12
 SAVE_COMMITTED = -13
 #: Steps waiting for the Flight Recorder's next read before their phases are recorded.
 MAX_UNRESOLVED = 20000
+#: The recent steps the median of each phase is taken over.
+MEDIAN_OF = 1001
 
-_ENTER = {INPUT_ENTER: "input", FORWARD_ENTER: "forward", BACKWARD_ENTER: "backward", OPTIMIZER_ENTER: "optimizer"}
-_EXIT = {INPUT_EXIT: "input", FORWARD_EXIT: "forward", BACKWARD_EXIT: "backward"}
+_ENTER = {INPUT_ENTER: "input", BACKWARD_ENTER: "backward", OPTIMIZER_ENTER: "optimizer"}
+_EXIT = {INPUT_EXIT: "input", BACKWARD_EXIT: "backward"}
 _CHECKPOINT = {SAVE_ENTER: ("save", 1), SAVE_EXIT: ("save", -1), LOAD_ENTER: ("load", 1), LOAD_EXIT: ("load", -1)}
 
 _time_ns = time.time_ns
@@ -155,7 +157,6 @@ class Ledger:
         self.last = start_ns  # the time of the last event seen
         self.seconds: dict[str, float] = collections.defaultdict(float)  # the current stretch, by phase / cause
         self.segments: list[tuple[str, int, int]] = []
-        self.claimed_forward = False
         self.totals: dict[str, float] = dict.fromkeys(CAUSES, 0.0)  # cumulative seconds by cause (the counter)
         self.added: dict[str, float] = collections.defaultdict(float)  # not yet added to the counter
         self.at_risk: dict[str, float] = {"productive": 0.0, "input_wait": 0.0, "stalled": 0.0}
@@ -182,7 +183,7 @@ class Ledger:
                 self.segments[-1] = (top, last[1], now)
             else:
                 self.segments.append((top, start, now))
-        if not self.claimed_forward and "backward" not in self.seconds:
+        if "backward" not in self.seconds:
             if top == "unclaimed":
                 self.seconds["before_backward"] += seconds  # the forward, where nothing marks it
             elif top == "optimizer":
@@ -198,8 +199,6 @@ class Ledger:
             if phase == "input":
                 self.seconds.pop("before_backward", None)  # the forward follows the step's last input
                 self.seconds.pop("optimizer_before_backward", None)
-            if phase == "forward":
-                self.claimed_forward = True
             self.stack.append(phase)
             return
         phase = _EXIT.get(code)
@@ -251,7 +250,7 @@ class Ledger:
         start, self.until = self.until, time_ns
         phases = self._phases(seconds)
         step = Step(start, time_ns, phases, self.segments)
-        self.segments, self.claimed_forward = [], False
+        self.segments = []
         checkpoint_save = seconds.get("checkpoint_save", 0.0)
         checkpoint_load = seconds.get("checkpoint_load", 0.0)
         input_wait = phases["input"]
@@ -329,6 +328,7 @@ class _State:
         self.lock = threading.Lock()
         self.recorder_enabled: Any = None  # ``collectives.enabled``, given by ``install``
         self.installed = False
+        self.recent: dict[str, collections.deque[float]] = {}  # the last steps' seconds, by phase
 
 
 _state = _State()
@@ -357,6 +357,7 @@ def ledger() -> Ledger:
 def reset_after_fork() -> None:
     """A forked child (a data loader worker) takes no steps of its parent's."""
     _state.ledger = None
+    _state.recent = {}
     _state.lock = threading.Lock()
 
 
@@ -416,9 +417,18 @@ def resolve(created: list[int] | None) -> int:
 
 
 def _record_phases(meters: Any, finished: list[Step]) -> None:
+    """Each step's phases into the histogram, and the median of the recent steps' into the gauge: the histogram's
+    buckets (1 ms, 2.5 ms, 5 ms, ... apart) bound a median within a factor of 2 to 2.5, the gauge says it."""
+    if not finished:
+        return
+    recent = _state.recent
     for step in finished:
         for phase, seconds in step.phases.items():
-            meters.phase.record(max(0.0, seconds), {names.PHASE: phase})
+            value = max(0.0, seconds)
+            meters.phase.record(value, {names.PHASE: phase})
+            recent.setdefault(phase, collections.deque(maxlen=MEDIAN_OF)).append(value)
+    for phase, values in recent.items():
+        meters.phase_median.set(statistics.median(values), {names.PHASE: phase})
 
 
 def _meters() -> Any:
@@ -451,44 +461,59 @@ def add_lost_progress() -> float:
 # ---- the hooks on the training path ---------------------------------------------------------------------------
 
 
-def _is_compiling() -> Any:
-    """``torch.compiler.is_compiling`` (a constant ``True`` to dynamo while it traces), else a function of False."""
-    compiler = sys.modules.get("torch.compiler")
-    found = getattr(compiler, "is_compiling", None)
-    return found if callable(found) else (lambda: False)
-
-
 def _around(original: Any, enter: int, leave: int) -> Any:
-    """``original`` with an event before and after (also when it raises), straight through while compiling. The
-    append is inlined (a wrapper's own cost is most of what a phase costs the step)."""
+    """``original`` with an event before and after (also when it raises). The append is inlined, and the bound
+    checked once (a wrapper's own cost is most of what a phase costs the step: two clock reads, two appends)."""
     import functools
 
     pending, limit, buffer, now = _marks.pending, _marks.limit, _marks.buffer, time.time_ns
-    compiling = _is_compiling()
+    append = pending.append
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if compiling():
+        if len(pending) >= limit:
+            buffer._overflow += 2
             return original(*args, **kwargs)
-        if len(pending) < limit:
-            pending.append((now(), enter))
-        else:
-            buffer._overflow += 1
+        append((now(), enter))
         try:
             return original(*args, **kwargs)
         finally:
-            if len(pending) < limit:
-                pending.append((now(), leave))
-            else:
-                buffer._overflow += 1
+            append((now(), leave))
 
     wrapper.__torchelastic_otel_original__ = original  # type: ignore[attr-defined]
     return wrapper
 
 
+def _around_next(original: Any) -> Any:
+    """``_around`` for a ``DataLoader`` iterator's ``__next__(self)``: no argument packing (a tenth of a microsecond
+    of the step)."""
+    import functools
+
+    pending, limit, buffer, now = _marks.pending, _marks.limit, _marks.buffer, time.time_ns
+    append = pending.append
+
+    @functools.wraps(original)
+    def __next__(self: Any) -> Any:
+        if len(pending) >= limit:
+            buffer._overflow += 2
+            return original(self)
+        append((now(), INPUT_ENTER))
+        try:
+            return original(self)
+        finally:
+            append((now(), INPUT_EXIT))
+
+    __next__.__torchelastic_otel_original__ = original  # type: ignore[attr-defined]
+    return __next__
+
+
 def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-    """torch's global optimizer step pre hook: the optimizer phase begins."""
-    _append(OPTIMIZER_ENTER)
+    """torch's global optimizer step pre hook: the optimizer phase begins (one append, as the post hook's)."""
+    pending = _marks.pending
+    if pending is not None and len(pending) < _marks.limit:
+        pending.append((_time_ns(), OPTIMIZER_ENTER))
+    elif pending is not None:
+        _marks.buffer._overflow += 1
 
 
 def install(patches: Any, recorder_enabled: Any = None) -> None:
@@ -503,12 +528,7 @@ def install(patches: Any, recorder_enabled: Any = None) -> None:
     def dataloader(module: Any) -> None:
         cls = _compat.dataloader_iter_class(module)
         if cls is not None and "__next__" in cls.__dict__:
-            patches.set(cls, "__next__", _around(cls.__dict__["__next__"], INPUT_ENTER, INPUT_EXIT))
-
-    def ddp(module: Any) -> None:
-        cls = getattr(module, "DistributedDataParallel", None)
-        if cls is not None and "forward" in cls.__dict__:
-            patches.set(cls, "forward", _around(cls.__dict__["forward"], FORWARD_ENTER, FORWARD_EXIT))
+            patches.set(cls, "__next__", _around_next(cls.__dict__["__next__"]))
 
     def autograd(module: Any) -> None:
         original = getattr(module, "backward", None)
@@ -522,8 +542,8 @@ def install(patches: Any, recorder_enabled: Any = None) -> None:
         if register is not None and not handles:
             handles.append(register(optimizer_pre_hook))
 
-    hooks = (("torch.utils.data.dataloader", dataloader), ("torch.nn.parallel.distributed", ddp),
-             ("torch.autograd", autograd), ("torch.optim.optimizer", optimizer))  # fmt: skip
+    hooks = (("torch.utils.data.dataloader", dataloader), ("torch.autograd", autograd),
+             ("torch.optim.optimizer", optimizer))  # fmt: skip
     for module_name, hook in hooks:
         imports.when_imported(module_name, _guarded(hook, module_name))
 

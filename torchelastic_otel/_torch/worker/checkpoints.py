@@ -6,8 +6,12 @@ of ``imports``; installing imports no torch; ``uninstall()`` puts torch's functi
 - ``torch.distributed.checkpoint``: ``save``, ``async_save``, ``load`` and the deprecated ``save_state_dict`` /
   ``load_state_dict``, where the package and its ``state_dict_saver`` / ``state_dict_loader`` modules hold them;
 - ``torch.save`` / ``torch.load`` when the file is a path (``str``, ``os.PathLike``) or a file object with a name
-  (``open(...)``, a named temporary file): the paths Hugging Face's ``Trainer`` and Lightning take. Never an in-memory
-  buffer (``io.BytesIO``): torch and DCP serialise through those all the time.
+  (``open(...)``, a named temporary file): the path Hugging Face's ``Trainer`` takes. Never an in-memory buffer
+  (``io.BytesIO``): torch and DCP serialise through those all the time;
+- Lightning's ``TorchCheckpointIO.save_checkpoint`` / ``load_checkpoint`` (``lightning.fabric`` and the standalone
+  ``lightning_fabric``): ``ModelCheckpoint`` and ``Trainer.save_checkpoint`` serialise with ``torch.save`` into an
+  ``io.BytesIO`` and write its bytes with fsspec, which the ``torch.save`` wrapper never sees as a file. Calls on the
+  main thread only (``AsyncCheckpointIO`` writes from a thread of its own, while the training loop goes on).
 
 Only the outermost call of a thread counts (DCP's own ``torch.save`` calls inside a ``save`` are part of it), and so
 do not calls torch makes itself off the main thread (DCP's writer threads, ``async_save``'s background ``save``):
@@ -67,11 +71,12 @@ DCP_LOADER = DCP + ".state_dict_loader"
 MAX_DIR_ENTRIES = 10_000
 #: Checkpoint calls buffered between two drains before new ones are turned away (and counted).
 MAX_PENDING = 1024
+#: Lightning's checkpoint IO modules (``lightning`` and the standalone ``lightning_fabric``): ``TorchCheckpointIO``.
+LIGHTNING_IO = ("lightning.fabric.plugins.io.torch_io", "lightning_fabric.plugins.io.torch_io")
 #: The semantic-conventions attribute of a failed call on the duration histogram.
 ERROR_TYPE = "error.type"
 
 _local = threading.local()  # .depth: a counted call of this thread is under way
-_getframe: Any = getattr(sys, "_getframe", None)
 
 
 # ---- installing --------------------------------------------------------------------------------------------------
@@ -81,21 +86,25 @@ def install(patches: Patches) -> None:
     """Wrap torch's checkpoint functions once the script imports them (see the module's docstring)."""
     from torchelastic_otel._torch import imports
 
-    if _getframe is None:
-        _compat._fallback("sys._getframe", "torch's own checkpoint calls off the main thread are counted too")
-
     def on_torch(module: Any) -> None:
         _patch_torch(patches, module)
 
     def on_dcp(module: Any) -> None:
         _patch_dcp(patches, module)
 
+    def on_lightning(module: Any) -> None:
+        _patch_lightning(patches, module)
+
     imports.when_imported("torch", on_torch)
     imports.when_imported(DCP, on_dcp)
+    for name in LIGHTNING_IO:
+        imports.when_imported(name, on_lightning)
 
     def undo() -> None:
         imports.cancel("torch", on_torch)
         imports.cancel(DCP, on_dcp)
+        for name in LIGHTNING_IO:
+            imports.cancel(name, on_lightning)
 
     patches.on_restore(undo)
 
@@ -141,7 +150,30 @@ def _patch_dcp(patches: Patches, package: Any) -> None:
                 wrappers[id(original)] = wrapper
             patches.set(owner, attribute, wrapper)
         if not found:
-            _compat._fallback(f"torch {DCP}.{attribute}", "not defined")
+            _compat.fallback(f"torch {DCP}.{attribute}", "not defined")
+
+
+def _patch_lightning(patches: Patches, module: Any) -> None:
+    """Lightning's ``TorchCheckpointIO.save_checkpoint`` / ``load_checkpoint``: the checkpoint is the file at ``path``
+    (the ``torch.save`` inside, to an in-memory buffer, is part of it)."""
+    cls = getattr(module, "TorchCheckpointIO", None)
+    if cls is None:
+        _compat.fallback(f"{module.__name__}.TorchCheckpointIO", "not defined")
+        return
+    torch = sys.modules.get("torch")
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    for attribute, kind, target in (
+        ("save_checkpoint", SAVE, _lightning_target(2)),
+        ("load_checkpoint", LOAD, _lightning_target(1)),
+    ):
+        original = cls.__dict__.get(attribute)
+        if original is None:
+            _compat.fallback(f"{module.__name__}.TorchCheckpointIO.{attribute}", "not defined")
+            continue
+        if getattr(original, "__torchelastic_otel__", False):
+            continue
+        api = f"lightning.TorchCheckpointIO.{attribute}"
+        patches.set(cls, attribute, _wrap(original, kind, api, target, is_compiling, files_only=True))
 
 
 def _dcp_modules() -> list[Any]:
@@ -151,7 +183,7 @@ def _dcp_modules() -> list[Any]:
     for name in (DCP_SAVER, DCP_LOADER):
         module = sys.modules.get(name)
         if module is None:
-            _compat._fallback(f"torch {name}", "not imported with the package")
+            _compat.fallback(f"torch {name}", "not imported with the package")
         else:
             found.append(module)
     return found
@@ -180,6 +212,18 @@ def _dcp_target(keyword: str | None, storage: str, position: int | None) -> Call
         if writer is None and position is not None and len(args) > position:
             writer = args[position]
         return getattr(writer, "path", None) if writer is not None else None
+
+    return target
+
+
+def _lightning_target(position: int) -> Callable[[tuple, dict], Any]:
+    """``save_checkpoint(self, checkpoint, path, ...)`` / ``load_checkpoint(self, path, ...)``'s ``path``; ``None``
+    (not counted) off the main thread: ``AsyncCheckpointIO``'s background write, not the training loop's time."""
+
+    def target(args: tuple, kwargs: dict) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return args[position] if len(args) > position else kwargs.get("path")
 
     return target
 
@@ -317,14 +361,11 @@ def _straight_through(
 def _torch_call_off_main_thread() -> bool:
     """Whether the wrapper's caller is torch's own code on a thread other than the main one (DCP's writer threads,
     ``async_save``'s background ``save``): the inside of a checkpoint counted already. The caller's module comes
-    from its frame (``sys._getframe``, CPython; elsewhere counted once at install and never internal)."""
-    if threading.current_thread() is threading.main_thread() or _getframe is None:
+    from its frame (``_compat.caller_module``; where there is none, counted, and never torch's)."""
+    if threading.current_thread() is threading.main_thread():
         return False
-    try:
-        module = _getframe(3).f_globals.get("__name__", "")  # 0: here, 1: _straight_through, 2: wrapper
-    except ValueError:
-        return False
-    return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
+    module = _compat.caller_module(3)  # 0: here, 1: _straight_through, 2: wrapper, 3: the caller
+    return module is not None and (module == "torch" or module.startswith("torch."))
 
 
 def _begin(kind: str, api: str, is_async: bool, target: Callable[[tuple, dict], Any], args: tuple, kwargs: dict) -> Any:

@@ -104,6 +104,7 @@ class _Instruments:
         self.phase: Any = None
         self.goodput: Any = None
         self.at_risk: Any = None
+        self.phase_median: Any = None
 
     def get(self) -> _Instruments:
         generation = pipeline._generation[0]
@@ -137,6 +138,11 @@ class _Instruments:
                 names.GOODPUT_TIME, unit="s",
                 description="Where this process's time went, by cause (goodput: productive, startup, input_wait, "
                 "checkpoint_save, checkpoint_load, stalled, lost_progress; the agent adds rendezvous and restart)",
+            )  # fmt: skip
+            self.phase_median = meter.create_gauge(
+                names.WORKER_STEP_PHASE_MEDIAN, unit="s",
+                description="Median seconds of each phase of this rank's last steps (up to 1,001; attribute phase): "
+                "exact where the duration histogram's buckets only bound it",
             )  # fmt: skip
             # A synchronous gauge, set at each drain: an observable one registered here -- under the step buffer's
             # lock, which a metric collection's drain waits for -- deadlocks with a collection that holds the SDK's

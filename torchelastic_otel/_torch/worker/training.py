@@ -10,6 +10,12 @@
   same summary of its collectives as a stalled record (``torchelastic.collectives.<group>.*``): ``worker``'s
   metadata function is wrapped (in ``patches``, undone by ``uninstall()``).
 
+- ``anatomy``: the phases of each step and the goodput ledger (where the rank's time goes); ``checkpoints``: saves
+  and loads as spans; ``memory``: the rank's resident set and CUDA allocator gauges. ``TORCHELASTIC_OTEL_GOODPUT=0``
+  turns these three off;
+- the Flight Recorder's last entries are read when the default process group is destroyed and at exit, so a job
+  shorter than the read interval gets its arrivals and phases too.
+
 ``TORCHELASTIC_OTEL_STEPS=0`` turns all of it off.
 """
 
@@ -116,13 +122,14 @@ def _read_before_destroy(patches: Patches) -> None:
     patches.on_restore(lambda: imports.cancel(_C10D_MODULE, hook))
 
 
-#: How long the metric export after the last read may hold ``destroy_process_group`` (once, at the job's end).
+#: How long the flush after the last read may hold ``destroy_process_group`` (once, at the job's end).
 DESTROY_FLUSH_MILLIS = 300
 
 
 def _read_and_export() -> None:
-    """The recorder's last entries, and the metrics they made exported (bounded): a script that ends with
-    ``os._exit`` after ``destroy_process_group`` skips every exit hook. Only where the pipeline is READY."""
+    """The recorder's last entries, and everything exported (bounded): a script that ends with ``os._exit`` after
+    ``destroy_process_group`` skips every exit hook, and the batch processors hold spans and records for up to 5 s
+    (its worker span, its checkpoints' spans). Only where the pipeline is READY."""
     from torchelastic_otel import pipeline
     from torchelastic_otel._torch.worker import collectives
 
@@ -130,12 +137,7 @@ def _read_and_export() -> None:
     if current is None:
         return
     collectives.read_at_exit()
-    try:
-        current.meter_provider.force_flush(timeout_millis=DESTROY_FLUSH_MILLIS)
-    except Exception:
-        from torchelastic_otel import _selftelemetry as selftelemetry
-
-        selftelemetry.count(selftelemetry.DROPPED, "metrics", "destroy_flush_error")
+    current.flush(DESTROY_FLUSH_MILLIS)  # bounded, never raises: spans and records too (the batch's 5 s delay)
 
 
 def _read_at_exit(patches: Patches) -> None:
