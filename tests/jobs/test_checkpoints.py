@@ -11,7 +11,6 @@ last saved step's gauge beside them. The in-process side (nesting, in-memory buf
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 from tests.support import ROOT, WORKERS
 from tests.support.jobs import TORCHELASTIC_OTEL, c10d_args, is_worker, job_env, unique_id
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.procs import Job
+from tests.support.procs import Job, run_job
 from torchelastic_otel import _names as names
 
 pytest.importorskip("torch.distributed.checkpoint")
@@ -38,18 +37,7 @@ def _run(tmp_path: Path, rx: OtlpReceiver, worker: Path = WORKER) -> Job:
     checkpoints.mkdir()
     cmd = [TORCHELASTIC_OTEL, "run", "--nproc-per-node", str(RANKS), *c10d_args(unique_id("ckpt")), worker,
            "--dir", checkpoints, "--steps", str(STEPS), "--every", str(EVERY)]  # fmt: skip
-    output = tmp_path / "job.log"
-    with open(output, "wb") as out:
-        proc = subprocess.Popen(
-            [str(c) for c in cmd], env=job_env(rx), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    job = Job(proc, output)
-    try:
-        job.wait(timeout=JOB_TIMEOUT)
-    finally:
-        job.kill()
-    return job
+    return run_job([str(c) for c in cmd], job_env(rx), ROOT, tmp_path / "job.log", timeout=JOB_TIMEOUT)
 
 
 def _checkpoint_spans(rx: OtlpReceiver) -> list[dict[str, Any]]:

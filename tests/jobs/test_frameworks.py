@@ -13,16 +13,15 @@ same steps; the bridged job's files are read with the report's reader (``report.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import ROOT, WORKERS, stack
-from tests.support.jobs import unique_id
-from tests.support.procs import Job
+from tests.support import WORKERS, stack
+from tests.support.jobs import report_run, unique_id
+from tests.support.procs import run_job
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import otlpjson
 from torchelastic_otel.report.records import Point, Span, Telemetry
@@ -55,15 +54,7 @@ def _launch(worker: Path, bridged: bool, base: Path) -> tuple[int, float, str]:
     launcher = "torchelastic_otel.run" if bridged else "torch.distributed.run"
     cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", str(RANKS), "--max-restarts", "0",
            "--rdzv-id", unique_id(worker.stem), "--monitor-interval", "0.1", str(worker)]  # fmt: skip
-    output = base / "job.log"
-    with open(output, "wb") as sink:
-        proc = subprocess.Popen(cmd, env=env, cwd=base, stdout=sink, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)  # fmt: skip
-    job = Job(proc, output)
-    try:
-        job.wait(timeout=JOB_TIMEOUT)  # on a timeout: the job's whole process tree is stopped
-    finally:
-        job.kill()
+    job = run_job(cmd, env, base, base / "job.log", timeout=JOB_TIMEOUT)
     return job.proc.returncode, job.seconds, job.output()
 
 
@@ -71,14 +62,6 @@ def _truth(out: Path) -> dict[int, dict[str, Any]]:
     found = {r["rank"]: r for r in (json.loads(p.read_text()) for p in sorted(out.glob("rank*.json")))}
     assert sorted(found) == list(range(RANKS)), f"ground truth missing: {sorted(found)}"
     return found
-
-
-def _report(files: Path) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "torchelastic_otel.report", str(files), "--json"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    (run,) = json.loads(done.stdout)["runs"]
-    return run
 
 
 def _run(worker: Path, base: Path) -> dict[str, Any]:
@@ -89,7 +72,7 @@ def _run(worker: Path, base: Path) -> dict[str, Any]:
     if code == 0 and plain_code == 0:
         files = base / "bridged" / "files"
         job.update(truth=_truth(base / "bridged" / "out"), plain_truth=_truth(base / "plain" / "out"),
-                   telemetry=otlpjson.read([files]), report=_report(files))  # fmt: skip
+                   telemetry=otlpjson.read([files]), report=report_run(files))  # fmt: skip
     return job
 
 

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support import ROOT, stack
-from tests.support.jobs import unique_id
+from tests.support.jobs import report_run, unique_id
+from tests.support.procs import run_job
 
 WORKER = ROOT / "tests" / "support" / "workers" / "goodput_worker.py"
 S = 1e9
@@ -40,17 +39,8 @@ def _launch(bridged: bool, out: Path, files: Path, restarts: int = 0, **settings
     )
     cmd = [*launcher, "--standalone", "--nproc-per-node", "2", "--max-restarts", str(restarts),
            "--rdzv-id", unique_id("goodput"), "--monitor-interval", "0.1", str(WORKER)]  # fmt: skip
-    began = time.monotonic()
-    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
-    return done.returncode, time.monotonic() - began, done.stdout + done.stderr
-
-
-def _report(files: Path) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "torchelastic_otel.report", str(files), "--json"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    (run,) = json.loads(done.stdout)["runs"]
-    return run
+    job = run_job(cmd, env, ROOT, out.parent / f"{out.name}.log")
+    return job.proc.returncode, job.seconds, job.output()
 
 
 def _truth(out: Path) -> list[dict[str, Any]]:
@@ -81,7 +71,7 @@ def input_bound(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     code, wall, output = _launch(True, base / "out", base / "files", **settings)
     assert code == 0, output[-3000:]
     plain_code, _, plain_output = _launch(False, base / "plain-out", base / "plain-files", **settings)
-    return {"run": _report(base / "files"), "truth": _truth(base / "out"), "wall": wall, "plain": plain_code,
+    return {"run": report_run(base / "files"), "truth": _truth(base / "out"), "wall": wall, "plain": plain_code,
             "output": output}  # fmt: skip
 
 
@@ -118,7 +108,7 @@ def fails_after_a_save(tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
                 "GOODPUT_SAVE_EVERY": "5", "GOODPUT_FAIL_AFTER_SAVE": "4", "GOODPUT_FAIL_RANKS": "all"}  # fmt: skip
     code, wall, output = _launch(True, base / "out", base / "files", restarts=1, **settings)
     plain_code, _, _ = _launch(False, base / "plain-out", base / "plain-files", restarts=1, **settings)
-    return {"run": _report(base / "files"), "truth": _truth(base / "out"), "wall": wall, "code": code,
+    return {"run": report_run(base / "files"), "truth": _truth(base / "out"), "wall": wall, "code": code,
             "plain": plain_code, "output": output}  # fmt: skip
 
 
@@ -144,3 +134,18 @@ def test_a_failure_after_a_save_loses_the_steps_since_the_save(fails_after_a_sav
     assert seconds["productive"] == pytest.approx(kept, rel=0.1)
     assert run["goodput"]["ratio"] == pytest.approx(kept / fails_after_a_save["wall"], abs=0.03)
     assert sum(seconds.values()) == pytest.approx(run["seconds"], rel=0.01)
+
+
+def test_a_healthy_job_is_named_healthy(tmp_path: Path) -> None:
+    """The model's own forward and backward fill the step (no input wait, no straggler, no creep): ``healthy``, and
+    nothing lost or restarted."""
+    settings = {"GOODPUT_STEPS": "20", "GOODPUT_INPUT_DELAY": "0", "GOODPUT_COMPUTE": "0.1"}
+    code, _, output = _launch(True, tmp_path / "out", tmp_path / "files", **settings)
+    assert code == 0, output[-3000:]
+    run = report_run(tmp_path / "files")
+    assert run["verdict"]["verdict"] == "healthy", run["verdict"]
+    seconds = run["goodput"]["seconds"]
+    assert seconds["lost_progress"] == seconds["restart"] == seconds["stalled"] == 0
+    truth = _truth(tmp_path / "out")
+    productive = _mean_per_rank(truth, lambda r: _step_seconds(r) - _input_seconds(r))
+    assert seconds["productive"] == pytest.approx(productive, rel=0.1)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 
 from tests.support import ROOT, stack
 from tests.support.jobs import c10d_args, unique_id
+from tests.support.procs import run_job
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import build, memory, read
 from torchelastic_otel.report.model import Job
@@ -60,9 +60,8 @@ def _launch(tmp: Path, bridged: bool) -> Run:
     cmd = [sys.executable, "-m", launcher, "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "0",
            *c10d_args(unique_id("memory")), str(WORKER), "--out", str(out), "--leak-rank", str(LEAK_RANK),
            "--leak-mib", str(LEAK_MIB), "--steps", str(STEPS), "--step-seconds", str(STEP_SECONDS)]  # fmt: skip
-    began = time.monotonic()
-    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
-    return Run(done.returncode, time.monotonic() - began, done.stdout + done.stderr, out, files)
+    job = run_job(cmd, env, ROOT, tmp / "job.log")
+    return Run(job.proc.returncode, job.seconds, job.output(), out, files)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tests.support import ROOT, stack
 from tests.support.jobs import unique_id
+from tests.support.procs import run_job
 
 WORKER = ROOT / "tests" / "support" / "workers" / "_straggler_worker.py"
 SLOW_RANK = 2
@@ -32,8 +33,8 @@ def _launch(bridged: bool, tmp: Path) -> tuple[int, str]:
            "--monitor-interval", "0.1", str(WORKER), "--base", "0.05", "--extra", "0.05", "--slow-rank",
            str(SLOW_RANK), "--min-steps", "80", "--max-steps", "80", "--check-every", "1000",
            "--go", str(tmp / "never")]  # fmt: skip
-    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
-    return done.returncode, done.stdout + done.stderr
+    job = run_job(cmd, env, ROOT, tmp / "job.log")
+    return job.proc.returncode, job.output()
 
 
 def test_an_80_step_job_names_its_straggler(tmp_path: Path) -> None:

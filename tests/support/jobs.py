@@ -105,3 +105,17 @@ def agent_log_seconds(output: str, first: str, then: str) -> float | None:
         return None
     start, end = (int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3)) for m in (a, b))
     return end - start
+
+
+def report_run(files: Path) -> dict[str, Any]:
+    """The one run of ``torchelastic-otel report --json`` on a job's OTLP JSON Lines files (a real subprocess)."""
+    import json
+    import subprocess
+
+    from tests.support import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "torchelastic_otel.report", str(files), "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (run,) = json.loads(done.stdout)["runs"]
+    return run

@@ -89,3 +89,17 @@ class Job:
     def kill(self) -> None:
         """Stop the job if it still runs: SIGTERM (the agent stops its workers), then SIGKILL what is left."""
         stop_tree(self.proc)
+
+
+def run_job(cmd: list[str], env: dict[str, str], cwd: Path, log: Path, timeout: float = 180.0) -> Job:
+    """Run a torchrun command to its end (its output in ``log``); on a timeout, or anything else going wrong, the
+    whole process tree is stopped -- the workers too, which a plain ``subprocess.run`` timeout would leave behind."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    job = Job(proc, log)
+    try:
+        job.wait(timeout=timeout)
+    finally:
+        job.kill()
+    return job

@@ -246,14 +246,6 @@ def optimizer_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         _buffer._overflow += 1
 
 
-def mark(code: int) -> None:
-    """Append a phase or checkpoint event (``anatomy``'s codes) to the marks (the hot path: one append)."""
-    if len(_pending) < MAX_PENDING:
-        _pending.append((_time_ns(), code))
-    else:
-        _buffer._overflow += 1
-
-
 def step() -> None:
     """Mark the end of a training step of this rank, for loops that do not step a ``torch.optim`` optimizer.
 
