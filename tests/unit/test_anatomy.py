@@ -48,9 +48,9 @@ def test_a_plain_loop_step_splits_into_its_phases() -> None:
     (first, second) = _feed(book, [
         (1.0, anatomy.INPUT_ENTER), (1.5, anatomy.INPUT_EXIT),  # input 0.5
         (2.0, anatomy.BACKWARD_ENTER), (3.0, anatomy.BACKWARD_EXIT),  # forward (unmarked) 0.5, backward 1.0
-        (3.0, anatomy.OPTIMIZER_ENTER), (3.2, "post"),  # optimizer 0.2
+        (3.2, "post"),  # optimizer 0.2
         (3.3, anatomy.INPUT_ENTER), (3.4, anatomy.INPUT_EXIT),  # zero_grad etc. before it: other 0.1
-        (3.6, anatomy.BACKWARD_ENTER), (3.9, anatomy.BACKWARD_EXIT), (3.9, anatomy.OPTIMIZER_ENTER), (4.0, "post"),
+        (3.6, anatomy.BACKWARD_ENTER), (3.9, anatomy.BACKWARD_EXIT), (4.0, "post"),
     ])  # fmt: skip
     assert first is not None and second is not None
     _close(first.phases, {"input": 0.5, "forward": 0.5, "backward": 1.0, "optimizer": 0.2, "other": 0.0})
@@ -61,14 +61,34 @@ def test_a_plain_loop_step_splits_into_its_phases() -> None:
 
 
 def test_lightning_runs_forward_and_backward_inside_the_optimizer_step() -> None:
-    """``optimizer.step(closure)``: the pre hook, then the closure (training_step, backward), then the update."""
+    """``optimizer.step(closure)``: the closure (training_step, backward), then the update, then the post hook."""
     book = anatomy.Ledger(0)
     (step,) = _feed(book, [
-        (0.0, anatomy.INPUT_ENTER), (0.5, anatomy.INPUT_EXIT), (0.5, anatomy.OPTIMIZER_ENTER),
-        (1.0, anatomy.BACKWARD_ENTER), (1.5, anatomy.BACKWARD_EXIT), (1.7, "post"),
+        (0.0, anatomy.INPUT_ENTER), (0.5, anatomy.INPUT_EXIT),  # then optimizer.step(closure): the forward
+        (1.0, anatomy.BACKWARD_ENTER), (1.5, anatomy.BACKWARD_EXIT), (1.7, "post"),  # the update after the backward
     ])  # fmt: skip
     assert step is not None
     _close(step.phases, {"input": 0.5, "forward": 0.5, "backward": 0.5, "optimizer": 0.2, "other": 0.0})
+
+
+def test_gradient_accumulation_counts_each_micro_batch_s_forward() -> None:
+    book = anatomy.Ledger(0)
+    (step,) = _feed(book, [
+        (0.0, anatomy.INPUT_ENTER), (0.1, anatomy.INPUT_EXIT), (0.3, anatomy.BACKWARD_ENTER),
+        (0.5, anatomy.BACKWARD_EXIT),  # micro-batch 1: forward 0.2, backward 0.2
+        (0.6, anatomy.INPUT_ENTER), (0.7, anatomy.INPUT_EXIT), (0.9, anatomy.BACKWARD_ENTER),
+        (1.1, anatomy.BACKWARD_EXIT), (1.2, "post"),  # between them: other 0.1; micro-batch 2, then the update
+    ])  # fmt: skip
+    assert step is not None
+    _close(step.phases, {"input": 0.2, "forward": 0.4, "backward": 0.4, "optimizer": 0.1, "other": 0.1})
+
+
+def test_a_loop_without_a_dataloader_has_its_forward_before_the_backward() -> None:
+    book = anatomy.Ledger(0)
+    _feed(book, [(0.0, anatomy.BACKWARD_ENTER), (0.1, anatomy.BACKWARD_EXIT), (0.2, "post")])  # the first step
+    (step,) = _feed(book, [(0.5, anatomy.BACKWARD_ENTER), (0.6, anatomy.BACKWARD_EXIT), (0.7, "post")])
+    assert step is not None
+    _close(step.phases, {"input": 0.0, "forward": 0.3, "backward": 0.1, "optimizer": 0.1, "other": 0.0})
 
 
 def test_checkpoints_inside_a_step_and_before_the_first_step_are_their_own_causes() -> None:
@@ -101,7 +121,7 @@ def test_the_wait_for_the_last_collective_is_carved_from_its_phase() -> None:
     book = anatomy.Ledger(0)
     (step,) = _feed(book, [
         (0.0, anatomy.INPUT_ENTER), (0.1, anatomy.INPUT_EXIT),
-        (0.3, anatomy.BACKWARD_ENTER), (1.3, anatomy.BACKWARD_EXIT), (1.3, anatomy.OPTIMIZER_ENTER), (1.4, "post"),
+        (0.3, anatomy.BACKWARD_ENTER), (1.3, anatomy.BACKWARD_EXIT), (1.4, "post"),
     ])  # fmt: skip
     assert step is not None
     anatomy.carve_collective_wait(step, [_ns(0.5), _ns(0.9)])  # DDP's last bucket enqueued at 0.9: 0.4 s waited

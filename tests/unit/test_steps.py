@@ -232,13 +232,14 @@ def test_install_hooks_optimizers_registers_the_watchdog_and_undoes_it(
         assert len(worker._worker.final_extras) == len(extras) + 2
         assert "collectives" not in worker._final_metadata()  # (no process group here: nothing to add)
         _optimizer().step()
-        assert [who for _, who in steps._pending][0] == anatomy.OPTIMIZER_ENTER  # the pre hook, then the step
-        assert len(steps._pending) == 2
+        assert len(steps._pending) == 1
+        assert anatomy.installed()  # the phase wrappers (tests/unit/test_anatomy.py)
     finally:
         patches.restore()
     assert len(_drainer.state.periodic) == periodic and worker._worker.final_extras == extras
+    assert not anatomy.installed()
     _optimizer().step()
-    assert len(steps._pending) == 2  # the hooks are gone
+    assert len(steps._pending) == 1  # the hook is gone
 
 
 def test_install_keeps_the_job_s_flight_recorder_size(fresh: Any, monkeypatch: pytest.MonkeyPatch) -> None:

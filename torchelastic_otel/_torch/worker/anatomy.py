@@ -1,16 +1,18 @@
 """The anatomy of a rank's steps and where its time goes (goodput), with no code change.
 
-**On the training path** each of these appends ``(time.time_ns(), code)`` to the step marks' bounded deque
-(``steps._pending``, the same one an optimizer step appends to), nothing else:
+**On the training path** two wrappers append ``(time.time_ns(), code)`` to the step marks' bounded deque
+(``steps._pending``, the same one torch's optimizer step post hook appends a step's end to), nothing else:
 
-- a ``DataLoader`` iterator's ``__next__`` (enter, exit): the loop waiting for its input;
-- the forward: the time between the step's last input and its first backward that no other phase claims (the
-  model's forward, the loss; no hook: one on ``DistributedDataParallel.forward`` cost two more events a step and
-  a check for ``torch.compile``'s tracing -- dynamo inlines it -- for the same figure);
-- ``torch.autograd.backward`` (``loss.backward()`` calls it): the backward;
-- torch's global optimizer step pre hook, and the post hook that marks steps: the optimizer (Lightning runs its
-  forward and backward inside ``optimizer.step(closure)``: the innermost phase gets the time);
+- a ``DataLoader`` iterator's ``__next__`` (enter, exit): ``input``, the loop waiting for its data;
+- ``torch.autograd.backward`` (``loss.backward()`` calls it): ``backward``;
 - checkpoint saves and loads (``checkpoints``, through :func:`checkpoint_enter` / :func:`checkpoint_exit`).
+
+The other phases are the time between them, by where the step is: after an input and before the backward, the
+``forward`` (the model, the loss; all before the backward where the step had no input); after the backward until
+the optimizer's step ends, the ``optimizer`` (unscaling, clipping, the update; Lightning runs the forward and the
+backward inside ``optimizer.step(closure)``, which this reads right); before the step's input, ``other`` (the last
+step's logging, ``zero_grad``, a scheduler). No hook on ``DistributedDataParallel.forward`` or on the optimizer's
+step pre hook: each cost the step two or one more events (0.6-1 µs on a 2-core VM) for the same figures.
 
 No module hook is added: a global ``nn.Module`` hook sends every module call through torch's slow path (about a
 microsecond each), where these cost a few appends a step. Nothing wrapped is traced by ``torch.compile``: dynamo
@@ -70,7 +72,6 @@ CAUSES = ("startup", "productive", "input_wait", "checkpoint_save", "checkpoint_
 # Event codes: negative, so that they never collide with an optimizer's id (the marks of ``steps``) or EXPLICIT (0).
 INPUT_ENTER, INPUT_EXIT = -1, -2
 BACKWARD_ENTER, BACKWARD_EXIT = -5, -6
-OPTIMIZER_ENTER = -7
 SAVE_ENTER, SAVE_EXIT = -9, -10
 LOAD_ENTER, LOAD_EXIT = -11, -12
 SAVE_COMMITTED = -13
@@ -79,7 +80,9 @@ MAX_UNRESOLVED = 20000
 #: The recent steps the median of each phase is taken over.
 MEDIAN_OF = 1001
 
-_ENTER = {INPUT_ENTER: "input", BACKWARD_ENTER: "backward", OPTIMIZER_ENTER: "optimizer"}
+_ENTER = {INPUT_ENTER: "input", BACKWARD_ENTER: "backward"}
+#: Where a step is between two phases: before its input (or a loop's first backward), after a backward.
+_PRE, _TAIL = "pre", "tail"
 _EXIT = {INPUT_EXIT: "input", BACKWARD_EXIT: "backward"}
 _CHECKPOINT = {SAVE_ENTER: ("save", 1), SAVE_EXIT: ("save", -1), LOAD_ENTER: ("load", 1), LOAD_EXIT: ("load", -1)}
 
@@ -153,6 +156,7 @@ class Ledger:
         self.until = start_ns  # the end of what was counted: the process's start, then each step's end
         self.started = False  # the first step began
         self.stack: list[str] = []  # open phases, innermost last
+        self.mode = _PRE  # where the step is: before its input (_PRE), after an input ("forward"), after a backward
         self.checkpoint: dict[str, int] = {"save": 0, "load": 0}
         self.last = start_ns  # the time of the last event seen
         self.seconds: dict[str, float] = collections.defaultdict(float)  # the current stretch, by phase / cause
@@ -163,7 +167,7 @@ class Ledger:
         self.stalled_since: int | None = None
         self.steps: collections.deque[Step] = collections.deque(maxlen=MAX_UNRESOLVED)
 
-    # -- the walk: time between two events goes to what was open in between
+    # -- the walk: time between two events goes to what was open in between, else to where the step is (``mode``)
     def _advance(self, now: int) -> None:
         if now <= self.last:
             return
@@ -175,19 +179,21 @@ class Ledger:
         if not self.started:
             self.seconds["startup"] += seconds
             return
-        top = self.stack[-1] if self.stack else "unclaimed"
-        self.seconds[top] += seconds
-        if top in ("backward", "unclaimed"):
-            last = self.segments[-1] if self.segments else None
-            if last is not None and last[0] == top and last[2] == start:
-                self.segments[-1] = (top, last[1], now)
-            else:
-                self.segments.append((top, start, now))
-        if "backward" not in self.seconds:
-            if top == "unclaimed":
-                self.seconds["before_backward"] += seconds  # the forward, where nothing marks it
-            elif top == "optimizer":
-                self.seconds["optimizer_before_backward"] += seconds  # Lightning: forward inside optimizer.step
+        label = self.stack[-1] if self.stack else self.mode
+        self.seconds[label] += seconds
+        last = self.segments[-1] if self.segments else None
+        if last is not None and last[0] == label and last[2] == start:
+            self.segments[-1] = (label, last[1], now)
+        else:
+            self.segments.append((label, start, now))
+
+    def _relabel(self, old: str, new: str) -> None:
+        """What was counted as ``old`` in this step turns out to be ``new`` (the forward of a loop with no input,
+        the update before a further micro-batch)."""
+        moved = self.seconds.pop(old, 0.0)
+        if moved:
+            self.seconds[new] += moved
+        self.segments = [(new if label == old else label, a, b) for label, a, b in self.segments]
 
     def event(self, time_ns: int, code: int) -> None:
         """One phase or checkpoint event (not a step mark)."""
@@ -196,14 +202,16 @@ class Ledger:
         if phase is not None:
             if not self.started and not any(self.checkpoint.values()):
                 self._start_first_step(time_ns)
-            if phase == "input":
-                self.seconds.pop("before_backward", None)  # the forward follows the step's last input
-                self.seconds.pop("optimizer_before_backward", None)
+            if phase == "input" and self.mode == _TAIL:
+                self._relabel(_TAIL, _PRE)  # another micro-batch: what followed the backward was not the update
+            elif phase == "backward" and self.mode == _PRE:
+                self._relabel(_PRE, "forward")  # no input in this step: all before the backward is its forward
             self.stack.append(phase)
             return
         phase = _EXIT.get(code)
         if phase is not None:
             self._close(phase)
+            self.mode = "forward" if phase == "input" else _TAIL
             return
         checkpoint = _CHECKPOINT.get(code)
         if checkpoint is not None:
@@ -230,9 +238,12 @@ class Ledger:
         self.until = time_ns
 
     def optimizer_exit(self, time_ns: int) -> None:
-        """An optimizer's post hook (every optimizer's, before ``steps`` decides whether it marks a step)."""
+        """An optimizer's post hook (every optimizer's, before ``steps`` decides whether it marks a step): what
+        followed the backward was this optimizer's update."""
         self._advance(time_ns)
-        self._close("optimizer")
+        if self.mode == _TAIL:
+            self._relabel(_TAIL, "optimizer")
+            self.mode = _PRE
 
     def stall(self, since_ns: int) -> None:
         """The watchdog reported this rank stalled since ``since_ns`` (its last progress)."""
@@ -246,11 +257,13 @@ class Ledger:
             self._start_first_step(time_ns)  # no phase event before it: its time stays startup
             self.segments = []
             return None
+        self._relabel(_TAIL, "optimizer")  # (the clock's own post hook came first: nothing is left here then)
+        self._relabel(_PRE, "other")
         seconds, self.seconds = self.seconds, collections.defaultdict(float)
         start, self.until = self.until, time_ns
-        phases = self._phases(seconds)
+        phases = {phase: seconds.get(phase, 0.0) for phase in PHASES}
         step = Step(start, time_ns, phases, self.segments)
-        self.segments = []
+        self.segments, self.mode = [], _PRE
         checkpoint_save = seconds.get("checkpoint_save", 0.0)
         checkpoint_load = seconds.get("checkpoint_load", 0.0)
         input_wait = phases["input"]
@@ -268,20 +281,6 @@ class Ledger:
             self.at_risk[cause] += {"productive": productive, "input_wait": input_wait, "stalled": stalled}[cause]
         self.steps.append(step)
         return step
-
-    @staticmethod
-    def _phases(seconds: dict[str, float]) -> dict[str, float]:
-        phases = {phase: seconds.get(phase, 0.0) for phase in PHASES}
-        phases["other"] = seconds.get("unclaimed", 0.0)
-        moved = seconds.get("before_backward", 0.0)
-        if moved and "forward" not in seconds:
-            phases["forward"] += moved
-            phases["other"] = max(0.0, phases["other"] - moved)
-        lightning = seconds.get("optimizer_before_backward", 0.0)
-        if lightning and "backward" in seconds and "forward" not in seconds:
-            phases["forward"] += lightning
-            phases["optimizer"] = max(0.0, phases["optimizer"] - lightning)
-        return phases
 
     def _commit(self) -> None:
         """A completed save: what was at risk is kept."""
@@ -310,11 +309,9 @@ def carve_collective_wait(step: Step, created: list[int]) -> None:
         return
     at = created[last]
     for phase, seg_start, seg_end in step.segments:
-        if seg_start <= at < seg_end:
-            wait = (seg_end - at) / 1e9
-            source = "backward" if phase == "backward" else "other"
-            wait = min(wait, step.phases.get(source, 0.0))
-            step.phases[source] -= wait
+        if seg_start <= at < seg_end and phase in ("forward", "backward", "optimizer", "other"):
+            wait = min((seg_end - at) / 1e9, step.phases.get(phase, 0.0))
+            step.phases[phase] -= wait
             step.phases["collective_wait"] += wait
             return
 
@@ -507,15 +504,6 @@ def _around_next(original: Any) -> Any:
     return __next__
 
 
-def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-    """torch's global optimizer step pre hook: the optimizer phase begins (one append, as the post hook's)."""
-    pending = _marks.pending
-    if pending is not None and len(pending) < _marks.limit:
-        pending.append((_time_ns(), OPTIMIZER_ENTER))
-    elif pending is not None:
-        _marks.buffer._overflow += 1
-
-
 def install(patches: Any, recorder_enabled: Any = None) -> None:
     """Wrap the phase boundaries once their modules are imported (installing imports no torch); undone by
     ``patches.restore()``. ``recorder_enabled``: whether the Flight Recorder is read now (``collectives``)."""
@@ -535,15 +523,7 @@ def install(patches: Any, recorder_enabled: Any = None) -> None:
         if callable(original):
             patches.set(module, "backward", _around(original, BACKWARD_ENTER, BACKWARD_EXIT))
 
-    handles: list[Any] = []
-
-    def optimizer(module: Any) -> None:
-        register = getattr(module, "register_optimizer_step_pre_hook", None)
-        if register is not None and not handles:
-            handles.append(register(optimizer_pre_hook))
-
-    hooks = (("torch.utils.data.dataloader", dataloader), ("torch.autograd", autograd),
-             ("torch.optim.optimizer", optimizer))  # fmt: skip
+    hooks = (("torch.utils.data.dataloader", dataloader), ("torch.autograd", autograd))
     for module_name, hook in hooks:
         imports.when_imported(module_name, _guarded(hook, module_name))
 
@@ -551,8 +531,6 @@ def install(patches: Any, recorder_enabled: Any = None) -> None:
         _state.installed = False
         for module_name, _hook in hooks:
             imports.cancel(module_name, _guarded_of.get(module_name))  # type: ignore[arg-type]
-        while handles:
-            handles.pop().remove()
 
     patches.on_restore(undo)
 
