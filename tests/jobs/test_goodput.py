@@ -100,12 +100,13 @@ def test_the_goodput_ratio_is_the_job_s_own(input_bound: dict[str, Any]) -> None
     assert run["goodput"]["ratio"] == pytest.approx(productive / input_bound["wall"], abs=0.03)
 
 
-@pytest.fixture(scope="module")
-def fails_after_a_save(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A DCP save every 5 steps; both ranks raise 4 steps after the first save; the second attempt loads it."""
+@pytest.fixture(scope="module", params=["1", "all"], ids=["rank-1-raises", "every-rank-raises"])
+def fails_after_a_save(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A DCP save every 5 steps; 4 steps after the first save rank 1 raises (rank 0 is then in its next step's
+    collective: the failure stops it), or every rank does; the second attempt loads the save and goes on."""
     base = tmp_path_factory.mktemp("lost-progress")
-    settings = {"GOODPUT_STEPS": "14", "GOODPUT_INPUT_DELAY": "0", "GOODPUT_COMPUTE": "0.25",
-                "GOODPUT_SAVE_EVERY": "5", "GOODPUT_FAIL_AFTER_SAVE": "4", "GOODPUT_FAIL_RANKS": "all"}  # fmt: skip
+    settings = {"GOODPUT_STEPS": "14", "GOODPUT_INPUT_DELAY": "0", "GOODPUT_COMPUTE": "0.25", "GOODPUT_SAVE_EVERY": "5",
+                "GOODPUT_FAIL_AFTER_SAVE": "4", "GOODPUT_FAIL_RANKS": request.param}  # fmt: skip
     code, wall, output = _launch(True, base / "out", base / "files", restarts=1, **settings)
     plain_code, _, _ = _launch(False, base / "plain-out", base / "plain-files", restarts=1, **settings)
     return {"run": report_run(base / "files"), "truth": _truth(base / "out"), "wall": wall, "code": code,
