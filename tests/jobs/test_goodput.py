@@ -20,6 +20,8 @@ import pytest
 from tests.support import ROOT, stack
 from tests.support.jobs import report_run, unique_id
 from tests.support.procs import run_job
+from torchelastic_otel import _names as names
+from torchelastic_otel.report import otlpjson
 
 WORKER = ROOT / "tests" / "support" / "workers" / "goodput_worker.py"
 S = 1e9
@@ -110,7 +112,7 @@ def fails_after_a_save(request: pytest.FixtureRequest, tmp_path_factory: pytest.
     code, wall, output = _launch(True, base / "out", base / "files", restarts=1, **settings)
     plain_code, _, _ = _launch(False, base / "plain-out", base / "plain-files", restarts=1, **settings)
     return {"run": report_run(base / "files"), "truth": _truth(base / "out"), "wall": wall, "code": code,
-            "plain": plain_code, "output": output}  # fmt: skip
+            "plain": plain_code, "output": output, "files": base / "files", "failing": request.param}  # fmt: skip
 
 
 def test_a_failure_after_a_save_loses_the_steps_since_the_save(fails_after_a_save: dict[str, Any]) -> None:
@@ -135,6 +137,26 @@ def test_a_failure_after_a_save_loses_the_steps_since_the_save(fails_after_a_sav
     assert seconds["productive"] == pytest.approx(kept, rel=0.1)
     assert run["goodput"]["ratio"] == pytest.approx(kept / fails_after_a_save["wall"], abs=0.03)
     assert sum(seconds.values()) == pytest.approx(run["seconds"], rel=0.01)
+
+
+def test_a_rank_that_raises_says_what_it_lost(fails_after_a_save: dict[str, Any]) -> None:
+    """Live: the final words of a rank that raised carry the seconds it threw away (``torchelastic.goodput.
+    lost_seconds``) and add them to ``torchelastic.goodput.time`` {cause=lost_progress} -- its steps since the save."""
+    tel = otlpjson.read([fails_after_a_save["files"]])
+    raised = {0, 1} if fails_after_a_save["failing"] == "all" else {1}
+    truth = {r["rank"]: r for r in fails_after_a_save["truth"] if r["restart"] == 0}
+    found = {}
+    for rec in tel.logs:
+        if rec.name == names.WORKER_EXCEPTION and rec.proc.rank in raised and rec.proc.restart == 0:
+            found[rec.proc.rank] = rec.attrs.get("torchelastic.goodput.lost_seconds")
+    assert set(found) == raised, found
+    for rank, seconds in found.items():
+        expected = _step_seconds(truth[rank], after_ns=truth[rank]["saves"][-1][1])
+        assert seconds == pytest.approx(expected, rel=0.15), (rank, seconds, expected)
+    counted = {p.proc.rank: p.value for p in tel.points
+               if p.name == names.GOODPUT_TIME and p.attrs.get(names.CAUSE) == "lost_progress" and p.proc.restart == 0
+               and p.value}  # fmt: skip
+    assert set(counted) >= raised, counted
 
 
 def test_a_healthy_job_is_named_healthy(tmp_path: Path) -> None:

@@ -438,13 +438,14 @@ def _meters() -> Any:
         return None
 
 
-def add_lost_progress() -> float:
-    """The final words of a failing worker (excepthook, SIGTERM): count what the failure threw away; its seconds.
-    Reads the ledger without its lock (the interrupted thread may hold it); never raises."""
+def add_lost_progress() -> float | None:
+    """The final words of a failing worker (excepthook, SIGTERM): count what the failure threw away; its seconds,
+    ``None`` before the first step (nothing to lose yet: the final words may be asked earlier, while ``import torch``
+    runs). Reads the ledger without its lock (the interrupted thread may hold it); never raises."""
     try:
         book = _state.ledger
         if book is None or not book.started:
-            return 0.0
+            return None
         lost = book.lost(time.time_ns())
         meters = _meters()
         if lost > 0 and meters is not None:
@@ -452,10 +453,7 @@ def add_lost_progress() -> float:
         return lost
     except Exception:
         selftelemetry.count(selftelemetry.DROPPED, "metrics", "lost_progress_error")
-        return 0.0
-
-
-# ---- the hooks on the training path ---------------------------------------------------------------------------
+        return None
 
 
 def _around(original: Any, enter: int, leave: int) -> Any:

@@ -83,7 +83,7 @@ def _lost_progress() -> dict[str, Any]:
     from torchelastic_otel._torch.worker import anatomy
 
     if _lost[0] is None:
-        _lost[0] = anatomy.add_lost_progress()
+        _lost[0] = anatomy.add_lost_progress()  # stays None before the first step: asked again at the next record
     return {"goodput": {"lost_seconds": round(_lost[0], 3)}} if _lost[0] else {}
 
 
