@@ -92,11 +92,8 @@ def main(argv: list[str] | None = None) -> None:
         args = torchrun.parse_args(argv)
         _settle_run_id(args, standalone_id)
         if args.rdzv_id and args.rdzv_id != "none":
-            if early_id is not None and os.environ.get("TORCHELASTIC_RUN_ID") != args.rdzv_id:
-                from torchelastic_otel import pipeline
-
-                pipeline.shutdown()  # built for another run id: install() builds it again
             os.environ["TORCHELASTIC_RUN_ID"] = args.rdzv_id
+        _renew_if_stale(os.environ.get("TORCHELASTIC_RUN_ID"))
         from torchelastic_otel._install import install
 
         install()
@@ -106,6 +103,22 @@ def main(argv: list[str] | None = None) -> None:
             os.environ.pop("TORCHELASTIC_RUN_ID", None)
         else:
             os.environ["TORCHELASTIC_RUN_ID"] = previous
+
+
+def _renew_if_stale(run_id: str | None) -> None:
+    """Rebuild the bridge's pipeline where it was built for another run id than this run's: an earlier run of this
+    process (``main`` called again: a notebook, a test suite), or the early build's guess. Its resource would
+    otherwise give this run's records the other run's ``torchelastic.run_id``."""
+    from torchelastic_otel import _names as names
+    from torchelastic_otel import pipeline
+
+    if pipeline.building():
+        pipeline.wait_built(EARLY_BUILD_WAIT_SECONDS)
+    current = pipeline.ready()
+    if current is None or current.resource is None:
+        return  # nothing built yet (install() builds it now), or the application's own providers
+    if current.resource.attributes.get(names.RUN_ID) != run_id:
+        pipeline.renew()
 
 
 def _run(torchrun: Any, args: Any) -> None:

@@ -78,6 +78,7 @@ __all__ = [
     "setup",
     "flush",
     "shutdown",
+    "renew",
     "prepare",
     "DEFAULT_SERVICE_NAME",
     "EXIT_TIMEOUT_MILLIS",
@@ -118,6 +119,8 @@ class Pipeline:
     meter_provider: Any
     logger_provider: Any
     owned: dict[str, bool] = field(default_factory=dict)
+    #: The resource of the providers it built (``None``: it built none).
+    resource: Any = None
 
     def providers(self) -> dict[str, Any]:
         return {"traces": self.tracer_provider, "metrics": self.meter_provider, "logs": self.logger_provider}
@@ -390,7 +393,7 @@ def _from_environment() -> Pipeline:
             built = builders[signal](resource)
             _go_on()
             providers[signal] = _set_global(signal, built)
-    return Pipeline(providers["traces"], providers["metrics"], providers["logs"], owned=missing)
+    return Pipeline(providers["traces"], providers["metrics"], providers["logs"], owned=missing, resource=resource)
 
 
 def _set_global(signal: str, provider: Any) -> Any:
@@ -629,7 +632,7 @@ def _rebuild_for_child(current: Pipeline) -> Pipeline:
             new = builders[signal]()
             _compat.replace_global_provider(signal, placeholder, new)
             providers[signal] = new
-        return Pipeline(providers["traces"], providers["metrics"], providers["logs"], owned=owned)
+        return Pipeline(providers["traces"], providers["metrics"], providers["logs"], owned=owned, resource=resource)
     except Exception as exc:
         _logger.warning("torchelastic_otel: could not set up telemetry in a forked child: %s", exc)
         selftelemetry.count(selftelemetry.DROPPED, "all", "pipeline_unavailable")
@@ -660,6 +663,7 @@ def setup(tracer_provider: Any = None, meter_provider: Any = None, logger_provid
             meter_provider if meter_provider is not None else base.meter_provider,  # type: ignore[union-attr]
             logger_provider if logger_provider is not None else base.logger_provider,  # type: ignore[union-attr]
             owned={} if base is None else dict(base.owned),
+            resource=None if base is None else base.resource,
         )
     )
 
@@ -702,6 +706,22 @@ def shutdown() -> None:
     _notify(Phase.UNSET)
     if current is not None:
         current.shutdown()
+
+
+def renew() -> None:
+    """Flush and shut down the providers the bridge built, and let the next use build fresh ones from the
+    environment as it is then: a launcher's next run in the same process (``run.main`` called again) gets a
+    resource with its own run id. Unlike :func:`shutdown`, the bridge's providers stop being the global ones
+    (placeholders that build on use stand in again), so the next build sets its own rather than reusing them."""
+    abandon_build()
+    flush()  # what the bridge buffered of the run before goes out with that run's resource
+    with state.lock:
+        current = state.current if state.phase is Phase.READY else None
+        if current is not None:
+            for signal, provider in current.providers().items():
+                if current.owned.get(signal):
+                    _compat.replace_global_provider(signal, provider, _placeholders.BuildOnUse(signal, _provider_of))
+    shutdown()
 
 
 def _reset_for_tests() -> None:

@@ -197,7 +197,9 @@ class Job:
 
 
 def _run_of(proc: Proc, attrs: dict[str, Any]) -> str | None:
-    run = proc.run_id or attrs.get(names.RUN_ID)
+    """The record's own run id before its resource's: a process that launched several runs (``run.main`` called
+    again) may have written a later run's records on an earlier run's resource (earlier versions of the bridge did)."""
+    run = attrs.get(names.RUN_ID) or proc.run_id
     return None if run is None else str(run)
 
 
