@@ -8,7 +8,10 @@ terminal size, colours and C stdio's line buffering stay what they were -- and t
   pointed before, at once and first; it outlives the worker until every writer has closed the pipes, so nothing
   the worker wrote is lost from the console, whatever it died of;
 - the record process (``output_records``) gets the bytes from it and turns lines into records
-  (``output_lines``: cut, rate-limited, the last lines kept).
+  (``output_lines``: cut, rate-limited, the last lines kept) -- but for the lines a logging handler printed to the
+  console: the worker's logging capture (``worker.log_records``) exports their records, and announces each such
+  line to the record process (:func:`announce`: one non-blocking write to a pipe of its own) before the handler
+  writes it, so the line is not exported a second time.
 
 So the capture sits beneath whatever torchrun set up for the worker: the console, ``--tee`` / ``--redirects`` /
 ``--log-dir`` files and ``--local-ranks-filter`` behave as without the bridge, and output of native code (gloo,
@@ -38,9 +41,9 @@ import termios
 import threading
 import time
 import tty
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchelastic_otel import _settings
 from torchelastic_otel._process import runtime
@@ -51,7 +54,7 @@ from torchelastic_otel._torch.worker_env import is_torchrun_worker
 if TYPE_CHECKING:
     from torchelastic_otel._torch.output.lines import Limits
 
-__all__ = ["start", "sync", "capturing", "ENABLE_ENV", "CAPTURED_ENV"]
+__all__ = ["start", "sync", "capturing", "announce", "announcing", "console_stream", "ENABLE_ENV", "CAPTURED_ENV"]
 
 ENABLE_ENV = _settings.WORKER_OUTPUT.name
 #: Set in a captured worker's environment (the pids of its two output processes): its child processes inherit the
@@ -75,6 +78,10 @@ class _Capture:
 
 
 _capture: list[_Capture] = []
+#: The worker's end of the pipe of announced lines (:func:`announce`), with the header that frames them: kept by
+#: forked children too (their fds 1 and 2 are the worker's pipes), and the text one announcement carries at most.
+#: Empty while nothing is captured.
+_logged: list[tuple[int, Any, int]] = []
 
 
 def capturing() -> bool:
@@ -121,6 +128,9 @@ def _start() -> bool:
         frames_read, frames_write = os.pipe()
         opened += [frames_read, frames_write]
         _grow(frames_write)
+        logged_read, logged_write = os.pipe()
+        opened += [logged_read, logged_write]
+        _grow(logged_write)
         control, passthrough_control = socket.socketpair()
     except OSError:
         for fd in opened:
@@ -129,7 +139,7 @@ def _start() -> bool:
     worker_pid = os.getpid()
     sockets = (control, passthrough_control)
     try:
-        records_pid = _fork(lambda: _run_records(opened, sockets, frames_read, worker_pid, limits))
+        records_pid = _fork(lambda: _run_records(opened, sockets, (frames_read, logged_read), worker_pid, limits))
         passthrough_pid = _fork(lambda: _run_passthrough(channels, opened, sockets, frames_write))
     except OSError:  # no process could be started: the worker's fds stay as they are (a record process ends)
         for fd in opened:
@@ -140,11 +150,16 @@ def _start() -> bool:
     passthrough_control.close()
     os.close(frames_read)
     os.close(frames_write)
+    os.close(logged_read)
+    os.set_blocking(logged_write, False)  # an announcement never waits: when the pipe is full, it is not sent
     for _index, fd, reader_end, worker_end in channels:
         os.close(reader_end)
         os.dup2(worker_end, fd)  # inheritable, as fds 1 and 2 are
         os.close(worker_end)
     _capture.append(_Capture(worker_pid, passthrough_pid, control))
+    from torchelastic_otel._torch.output.lines import LOGGED_BYTES, LOGGED_HEADER
+
+    _logged.append((logged_write, LOGGED_HEADER, LOGGED_BYTES - LOGGED_HEADER.size))
     os.environ[CAPTURED_ENV] = f"{passthrough_pid},{records_pid}"
     atexit.register(_at_exit)  # registered first: runs after the bridge's own exit handler
     runtime.add_signal_hook(_on_signal)
@@ -162,17 +177,18 @@ def _fork(child: Callable[[], object]) -> int:
     return pid
 
 
-def _run_records(opened: list[int], sockets: tuple[socket.socket, socket.socket], frames_read: int, worker_pid: int,
-                 limits: Limits) -> None:  # fmt: skip
-    """The record process keeps only the read end of the frames pipe."""
+def _run_records(opened: list[int], sockets: tuple[socket.socket, socket.socket], reads: tuple[int, int],
+                 worker_pid: int, limits: Limits) -> None:  # fmt: skip
+    """The record process keeps only the read ends of the frames pipe and of the announced lines' pipe."""
     from torchelastic_otel._torch.output.records import serve
 
     for sock in sockets:
         sock.close()
     for fd in opened:
-        if fd != frames_read:
+        if fd not in reads:
             os.close(fd)
-    serve(frames_read, worker_pid, limits)
+    frames_read, logged_read = reads
+    serve(frames_read, worker_pid, limits, logged_read)
 
 
 def _run_passthrough(channels: list[tuple[int, int, int, int]], opened: list[int],
@@ -225,6 +241,62 @@ def _grow(fd: int) -> None:
         pass
 
 
+def announcing() -> bool:
+    """Whether lines printed to fds 1 and 2 of this process can be announced (:func:`announce`)."""
+    return bool(_logged)
+
+
+def console_stream(fd: int) -> int:
+    """The stream index (0: stdout, 1: stderr) of ``fd`` if it is one of the captured fds and lines printed to it
+    can be announced, else -1."""
+    return fd - 1 if _logged and fd in (1, 2) else -1
+
+
+def announce(stream: int, text: bytes) -> bool:
+    """Tell the record process that ``text`` (whole lines) is about to be printed to ``stream`` (0: stdout,
+    1: stderr) by a logging handler whose record is exported: its lines are left out of the line records.
+
+    Called in the logging thread, right before the handler writes: one non-blocking write of at most
+    ``lines.LOGGED_BYTES`` (atomic on a pipe, whichever thread or forked child sends it) for a short text, nothing that
+    waits. ``False`` if not (all) sent -- the pipe is full or gone, or a line is too long to announce: those lines
+    are then exported as line records too, never lost. Never raises."""
+    if not _logged:
+        return False
+    fd, header, room = _logged[0]
+    try:
+        now = time.time_ns()
+        if len(text) <= room:
+            os.write(fd, header.pack(stream, now, len(text)) + text)
+            return True
+        sent = True
+        for part in _parts(text, room):
+            if part is None:
+                sent = False
+            else:
+                os.write(fd, header.pack(stream, now, len(part)) + part)
+        return sent
+    except OSError:  # BlockingIOError: the record process is behind; others: it is gone
+        return False
+
+
+def _parts(text: bytes, room: int) -> Iterator[bytes | None]:
+    """``text`` in pieces of at most ``room`` bytes cut after a newline; ``None`` for a line longer than that."""
+    start = 0
+    while start < len(text):
+        end = start + room
+        if end >= len(text):
+            yield text[start:]
+            return
+        cut = text.rfind(b"\n", start, end)
+        if cut < 0:  # one line longer than an announcement: left out (exported as a line record as well)
+            nxt = text.find(b"\n", end)
+            yield None
+            start = len(text) if nxt < 0 else nxt + 1
+            continue
+        yield text[start : cut + 1]
+        start = cut + 1
+
+
 def sync(timeout_millis: int = SYNC_MILLIS) -> bool:
     """Wait (at most ``timeout_millis``) until the reader has passed through everything written before this call.
 
@@ -259,17 +331,32 @@ def sync(timeout_millis: int = SYNC_MILLIS) -> bool:
 
 
 def _at_exit() -> None:
-    """What Python still buffers goes out now rather than after the exit handlers, then through the reader."""
+    """What Python still buffers goes out now rather than after the exit handlers, then through the reader; and
+    the record process learns that the worker's logging records went out (the bridge's exit handler, which runs
+    before this one, flushed them): it need not export their console lines after all (``lines.Logged``)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
                 stream.flush()
         except Exception:
             pass
+    if capturing():
+        announce(LOGGED_END, b"")
     sync()
 
 
-def _on_signal(signum: int, stacks: _stacks.Stacks) -> None:
+#: The stream index of the announcement that the worker's logging records are out (``lines.LOGGED_END``).
+LOGGED_END = 255
+
+
+def _on_signal(signum: int, stacks: _stacks.Stacks) -> Callable[[bool], None]:
     """SIGTERM: what the worker wrote is on the console before it dies (Python's buffers are lost, as without
-    the bridge)."""
+    the bridge); once the final flush (or the hand-over to the agent) is done, the record process learns that the
+    worker's logging records are out, as at a normal exit."""
     sync()
+
+    def records_out(delivered: bool) -> None:
+        if capturing():
+            announce(LOGGED_END, b"")
+
+    return records_out

@@ -8,21 +8,43 @@ the flood) are exported when its output ends, whatever the limit did before.
 
 Lines are what a terminal shows: ``\\r\\n`` ends a line like ``\\n``; a carriage return inside a line (progress bars)
 overwrites it, so the text after the last one is the line. Empty lines are not records.
+
+Lines a logging handler printed to the console (:class:`Logged`) are not records here: their logging record is
+exported with its level, logger and code location (``worker.log_records``), which announces each such line to the
+record process before the handler writes it.
 """
 
 from __future__ import annotations
 
 import collections
+import os
+import struct
 import time
 from dataclasses import dataclass
 
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import _settings
 
-__all__ = ["Limits", "Line", "Lines", "TAIL_LINES"]
+__all__ = ["Limits", "Line", "Lines", "Logged", "TAIL_LINES", "LOGGED_HEADER", "LOGGED_BYTES", "terminal_line"]
 
 #: The last over-limit lines kept for the end of a worker's output (exported when it ends, never rate-limited).
 TAIL_LINES = 100
+#: An announcement of lines a logging handler is about to print: stream index, when (ns), length of the text.
+LOGGED_HEADER = struct.Struct("<BQI")
+#: An announcement is one write of at most this many bytes to a pipe: atomic, whichever thread or process sends it.
+LOGGED_BYTES = 4096
+#: How long an announced line waits for its line (a handler writes it microseconds later; a console that holds up
+#: the worker's writes delays it): older ones are forgotten, and their line, should it come, is exported.
+LOGGED_EXPIRY_NS = 10 * 1_000_000_000
+#: At most this many announced lines (and bytes of them) are held; the oldest are forgotten first.
+LOGGED_MAX = 20_000
+LOGGED_MAX_BYTES = 4 * 1024 * 1024
+#: The stream index of the worker's announcement that its logging records are out (its exit, its SIGTERM).
+LOGGED_END = 255
+#: A worker whose output ends without that announcement (killed, crashed) may not have exported the logging
+#: records of its last moments: the console lines taken for them in this window before its end are exported after
+#: all (at most :data:`TAIL_LINES` of them) -- twice rather than never.
+LOGGED_RESCUE_NS = 10 * 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -202,20 +224,26 @@ class Lines:
             selftelemetry.count(selftelemetry.DROPPED, "logs", "rate_limited", evicted)
 
     def _line(self, now_ns: int, stream: str, raw: bytes, cut: bool) -> Line | None:
-        """A terminal's view of ``raw``: ``\\r\\n`` ends it, a carriage return restarts it; cut to ``max_line``."""
-        if b"\r" in raw:
-            raw = raw.rstrip(b"\r")
-            start = raw.rfind(b"\r")
-            if start >= 0:
-                raw = raw[start + 1 :]
+        """A terminal's view of ``raw`` (:func:`terminal_line`), counted when it was cut."""
+        raw, was_cut = terminal_line(raw, self.limits.max_line)
         if not raw:
             return None
-        limit = self.limits.max_line
-        if len(raw) > limit:
-            raw, cut = _cut_utf8(raw, limit), True
-        if cut:
+        if cut or was_cut:
             selftelemetry.count(selftelemetry.SANITIZED, "logs", "line_truncated")
         return Line(now_ns, stream, raw)
+
+
+def terminal_line(raw: bytes, max_line: int) -> tuple[bytes, bool]:
+    """A terminal's view of ``raw`` (the bytes before a newline): ``\\r\\n`` ends it, a carriage return restarts
+    it; cut to ``max_line`` (whether it was: the second value). Empty: no line."""
+    if b"\r" in raw:
+        raw = raw.rstrip(b"\r")
+        start = raw.rfind(b"\r")
+        if start >= 0:
+            raw = raw[start + 1 :]
+    if len(raw) > max_line:
+        return _cut_utf8(raw, max_line), True
+    return raw, False
 
 
 def _cut_utf8(raw: bytes, limit: int) -> bytes:
@@ -224,3 +252,119 @@ def _cut_utf8(raw: bytes, limit: int) -> bytes:
     while end > 0 and raw[end] & 0xC0 == 0x80:
         end -= 1
     return raw[: end or limit]
+
+
+class Logged:
+    """Lines that logging handlers printed to the worker's console: each takes the first line of its stream with the
+    same bytes that was read after it was announced out of the records (its logging record is exported already).
+
+    The worker announces a line before the handler writes it (``capture.announce``), and this process reads the
+    announcements after the frames that might hold it (``records``), so an announcement is always here before its
+    line. An announcement whose line never comes (a handler's filter turned the record down) is forgotten after
+    :data:`LOGGED_EXPIRY_NS`; until then it would take an identical line printed otherwise, which is the price of
+    reading no more than the bytes. A worker that dies without saying its records are out (:data:`LOGGED_END`)
+    gets the lines of its last seconds exported after all (:meth:`unexported`).
+    """
+
+    def __init__(self, max_line: int, max_held: int = LOGGED_MAX, max_bytes: int = LOGGED_MAX_BYTES) -> None:
+        self.max_line = max_line
+        self.max_held, self.max_bytes = max_held, max_bytes
+        self._order: collections.OrderedDict[int, tuple[int, tuple[str, bytes]]] = collections.OrderedDict()
+        self._pending: dict[tuple[str, bytes], collections.deque[int]] = {}
+        self._sequence = 0
+        self._bytes = 0
+        self._unread = bytearray()
+        self._taken: collections.deque[Line] = collections.deque(maxlen=TAIL_LINES)
+        self.ended = False  # the worker announced its normal end: its logging records are out
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def read(self, fd: int, max_reads: int = 64) -> None:
+        """What the worker announced so far, from the non-blocking pipe ``fd`` (bounded: ``max_reads`` reads)."""
+        for _ in range(max_reads):
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                return
+            if not data:
+                return
+            self.feed(data)
+
+    def feed(self, data: bytes) -> None:
+        """Announcements as the pipe carries them (:data:`LOGGED_HEADER`, then the text); a cut one waits."""
+        unread = self._unread
+        unread += data
+        start, size = 0, LOGGED_HEADER.size
+        while len(unread) - start >= size:
+            index, time_ns, length = LOGGED_HEADER.unpack_from(unread, start)
+            end = start + size + length
+            if end > len(unread):
+                break
+            if index == LOGGED_END:
+                self.ended = True
+            elif index < len(STREAM_NAMES):
+                self.add(STREAM_NAMES[index], time_ns, bytes(unread[start + size : end]))
+            start = end
+        del unread[:start]
+
+    def add(self, stream: str, time_ns: int, text: bytes) -> None:
+        """The lines of ``text`` (as :class:`Lines` would cut them) are about to be printed to ``stream``."""
+        for raw in text.split(b"\n"):
+            line, _cut = terminal_line(raw, self.max_line)
+            if line:
+                self._add((stream, line), time_ns)
+
+    def drop(self, lines: list[Line]) -> list[Line]:
+        """``lines`` without those a logging handler printed."""
+        if not self._order or not lines:
+            return lines
+        return [line for line in lines if not self._take(line)]
+
+    def _add(self, key: tuple[str, bytes], time_ns: int) -> None:
+        self._sequence += 1
+        self._order[self._sequence] = (time_ns, key)
+        self._pending.setdefault(key, collections.deque()).append(self._sequence)
+        self._bytes += len(key[1])
+        while len(self._order) > self.max_held or self._bytes > self.max_bytes:
+            self._forget_oldest()
+
+    def _take(self, line: Line) -> bool:
+        """Whether ``line`` was announced (after which the announcement is used up)."""
+        while self._order and next(iter(self._order.values()))[0] < line.time_ns - LOGGED_EXPIRY_NS:
+            self._forget_oldest()
+        key = (line.stream, line.data)
+        waiting = self._pending.get(key)
+        if not waiting:
+            return False
+        sequence = waiting[0]
+        if self._order[sequence][0] > line.time_ns:
+            return False  # announced after this line was read: an identical line printed before it
+        self._remove(sequence)
+        self._taken.append(line)
+        return True
+
+    def unexported(self, end_ns: int) -> list[Line]:
+        """At the end of the output (``end_ns``): unless the worker announced its logging records out (its exit,
+        its SIGTERM), the lines taken in its last :data:`LOGGED_RESCUE_NS` (their records may have died with it:
+        SIGKILL, a crash, ``os._exit``)."""
+        if self.ended:
+            return []
+        return [line for line in self._taken if line.time_ns >= end_ns - LOGGED_RESCUE_NS]
+
+    def _forget_oldest(self) -> None:
+        self._remove(next(iter(self._order)))
+
+    def _remove(self, sequence: int) -> None:
+        _time_ns, key = self._order.pop(sequence)
+        waiting = self._pending[key]
+        waiting.remove(sequence)  # the oldest of its key, but for announcements that came out of order
+        if not waiting:
+            del self._pending[key]
+        self._bytes -= len(key[1])
+
+
+#: Stream names by the index an announcement carries (fd 1, fd 2), as in ``passthrough.STREAMS``.
+STREAM_NAMES = ("stdout", "stderr")

@@ -2,7 +2,10 @@
 
 A worker forks it at interpreter start-up (``output``), next to the pass-through process
 (``output_passthrough``), which forwards every chunk of the worker's stdout and stderr here in frames. Here the
-chunks become lines (``output_lines``: cut, rate-limited, the tail kept) and the lines records:
+chunks become lines (``output_lines``: cut, rate-limited, the tail kept) and the lines records -- but for lines a
+logging handler printed to the console, whose logging records the worker exports itself (announced through a pipe
+of their own, read after each read of frames: ``output_lines.Logged``; those of a worker's last seconds are exported
+after all when it died without saying its records were out):
 
 - body: the line, without its newline (UTF-8; invalid bytes replaced, counted as ``bytes_decoded``);
 - ``log.iostream``: ``stdout`` or ``stderr``; severity INFO for stdout, WARN for stderr (tracebacks, warnings,
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from opentelemetry._logs import SeverityNumber
@@ -32,7 +35,7 @@ from opentelemetry._logs import SeverityNumber
 from torchelastic_otel import _compat
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import bounded as _bounded
-from torchelastic_otel._torch.output.lines import Limits, Line, Lines
+from torchelastic_otel._torch.output.lines import Limits, Line, Lines, Logged
 from torchelastic_otel._torch.output.passthrough import HEADER, MIDLINE, STREAMS, detach
 from torchelastic_otel.version import __version__
 
@@ -47,7 +50,7 @@ ROOM_WAIT_SECONDS = 1.0
 _SEVERITY = {"stdout": (SeverityNumber.INFO, "INFO"), "stderr": (SeverityNumber.WARN, "WARN")}
 
 
-def serve(frames_fd: int, worker_pid: int, limits: Limits) -> NoReturn:
+def serve(frames_fd: int, worker_pid: int, limits: Limits, logged_fd: int = -1) -> NoReturn:
     """The forked child's whole life: frames in until the pass-through process closes the pipe, records out."""
     try:
         try:
@@ -56,18 +59,41 @@ def serve(frames_fd: int, worker_pid: int, limits: Limits) -> NoReturn:
             pass
         lines = Lines(limits, STREAMS)
         records = Records(worker_pid)
-        for stream, flags, lost, time_ns, data in frames(frames_fd):
+        logged = Logged(limits.max_line)
+        announced = _reader(logged, logged_fd)
+        for stream, flags, lost, time_ns, data in frames(frames_fd, announced):
             if lost or flags & MIDLINE:
                 lines.lost(stream, lost, bool(flags & MIDLINE))
             if data:
-                records.emit(lines.feed(stream, data, time_ns))
-        records.finish(lines.finish())
+                records.emit(logged.drop(lines.feed(stream, data, time_ns)))
+        announced()
+        last = logged.drop(lines.finish()) + logged.unexported(time.time_ns())
+        records.finish(sorted(last, key=lambda line: line.time_ns))
     finally:
         os._exit(0)
 
 
-def frames(fd: int) -> Iterator[tuple[str, int, int, int, bytes]]:
-    """``(stream, flags, lines lost before, time ns, data)`` of every frame, until the writer closes the pipe."""
+def _reader(logged: Logged, fd: int) -> Callable[[], None]:
+    """Reads what the worker announced so far (non-blocking); nothing if there is no pipe."""
+    if fd < 0:
+        return lambda: None
+    try:
+        os.set_blocking(fd, False)
+    except OSError:
+        return lambda: None
+
+    def read() -> None:
+        try:
+            logged.read(fd)
+        except Exception:  # never the end of this process: the lines are exported as they are
+            pass
+
+    return read
+
+
+def frames(fd: int, after_read: Callable[[], None] | None = None) -> Iterator[tuple[str, int, int, int, bytes]]:
+    """``(stream, flags, lines lost before, time ns, data)`` of every frame, until the writer closes the pipe;
+    ``after_read`` runs after each read, before its frames: the announcements of their lines are in by then."""
     buffer = bytearray()
     while True:
         try:
@@ -78,6 +104,8 @@ def frames(fd: int) -> Iterator[tuple[str, int, int, int, bytes]]:
             chunk = b""
         if not chunk:
             return
+        if after_read is not None:
+            after_read()
         buffer += chunk
         start = 0
         while len(buffer) - start >= HEADER.size:

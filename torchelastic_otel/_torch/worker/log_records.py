@@ -7,16 +7,23 @@ root logger, and why:
 - it is not added to the root logger's handlers: a handler there would make ``logging.basicConfig()`` a no-op
   and silence logging's last-resort output to stderr, so an unconfigured script's warnings would vanish from the
   console. Instead ``Logger.callHandlers`` (the documented step that hands a record to the handlers) is wrapped:
-  after the application's handlers ran, a record that would have reached the root logger is captured -- what a
-  root handler would see, and the console as without the bridge;
+  after the application's handlers ran, the record is captured -- also that of a logger that does not propagate
+  to the root logger (``transformers`` and Lightning give their library logger a console handler of its own and
+  stop propagation), which a root handler would never see; the console stays as without the bridge;
+- a console handler's line is not exported a second time from the worker's output (``output.capture``): before
+  the handlers run, each ``StreamHandler`` of the record's way that writes to fd 1 or 2 formats the record (as it
+  is about to) and its text is announced to the output's record process, which then leaves those lines out
+  (one non-blocking pipe write; none when the output is not captured). What a handler's filter turns down was
+  announced all the same: the record process forgets it after a while (``output_lines.Logged``);
 - the caller only copies the record with its message formatted (``logging.handlers.QueueHandler`` does the same)
   and the current context into a bounded buffer; the drainer thread makes the OpenTelemetry record. The handler
   costs ~35 us a call in the caller's thread, which a training loop should not pay;
 - the trace context is the caller's current span, else the agent's attempt span (``TRACEPARENT``): records of
   threads without a span of their own belong to the attempt too;
 - records of the bridge's and OpenTelemetry's own loggers, of torch's event loggers (their events are exported as
-  events already) and of the SDK's and bridge's threads are left out: no feedback loops; and nothing is captured
-  while OpenTelemetry's own handler is on the root logger (logging auto-instrumentation exports the records).
+  events already) and of the SDK's and bridge's threads are left out: no feedback loops; and a record that reaches
+  an OpenTelemetry ``LoggingHandler`` (logging auto-instrumentation puts one on the root logger) is left to it
+  -- a logger that does not propagate there is captured, that handler never sees its records.
 
 ``TORCHELASTIC_OTEL_WORKER_LOGGING=0`` turns it off. A buffer overflow is counted (``buffer_full``).
 """
@@ -36,6 +43,7 @@ from opentelemetry import context, trace
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import _settings, pipeline
 from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._torch.output import capture as output
 
 __all__ = ["install", "ENABLE_ENV"]
 
@@ -63,10 +71,12 @@ def install(patches: Any, default_context: Callable[[], Any]) -> None:
     original = logging.Logger.callHandlers
 
     def callHandlers(self: logging.Logger, record: logging.LogRecord) -> None:  # logging's name
+        wanted = buffer.before(self, record)
         try:
             original(self, record)
         finally:
-            buffer.capture(self, record)
+            if wanted:
+                buffer.capture(record)
 
     callHandlers.__torchelastic_otel__ = True  # type: ignore[attr-defined]
     callHandlers.__wrapped__ = original  # type: ignore[attr-defined]
@@ -80,24 +90,43 @@ def install(patches: Any, default_context: Callable[[], Any]) -> None:
     patches.on_restore(restore)
 
 
-def _reaches_root(logger: logging.Logger) -> bool:
-    """Whether a record of ``logger`` propagates to the root logger's handlers."""
+#: Whether a handler class is OpenTelemetry's ``LoggingHandler``, by class (by name: no SDK import here).
+_OTEL_HANDLER_TYPES: dict[type, bool] = {}
+#: What a record's way through the handlers holds (:func:`_route`): an OpenTelemetry handler, one that takes it.
+OTEL_SEEN, OTEL_TAKES = 1, 2
+
+
+def _is_otel_handler(handler: logging.Handler) -> bool:
+    cls = type(handler)
+    known = _OTEL_HANDLER_TYPES.get(cls)
+    if known is None:
+        known = any(c.__name__ == "LoggingHandler" and c.__module__.startswith("opentelemetry.") for c in cls.__mro__)
+        if len(_OTEL_HANDLER_TYPES) < 256:
+            _OTEL_HANDLER_TYPES[cls] = known
+    return known
+
+
+def _route(logger: logging.Logger, level: int, consoles: bool) -> tuple[list[logging.StreamHandler[Any]], int]:
+    """The handlers ``logging.Logger.callHandlers`` is about to hand a record of ``level`` to, as it walks them
+    (logging's last resort where there is none): the ``StreamHandler``s among them (if ``consoles``), and whether
+    an OpenTelemetry ``LoggingHandler`` is on the way (:data:`OTEL_SEEN`) and takes the record (:data:`OTEL_TAKES`)."""
+    streams: list[logging.StreamHandler[Any]] = []
+    otel = found = 0
     current: Any = logger
-    while current is not None and current.parent is not None:
-        if not current.propagate:
-            return False
-        current = current.parent
-    return True
-
-
-def _exported_by_root() -> bool:
-    """Whether an OpenTelemetry ``LoggingHandler`` is on the root logger (``opentelemetry-instrument`` with
-    logging instrumentation puts one there): the records would be exported twice. By name: no SDK import here."""
-    for handler in logging.root.handlers:
-        cls = type(handler)
-        if cls.__name__ == "LoggingHandler" and cls.__module__.startswith("opentelemetry."):
-            return True
-    return False
+    while current is not None:
+        for handler in current.handlers:
+            found += 1
+            if isinstance(handler, logging.StreamHandler):
+                if consoles and level >= handler.level:
+                    streams.append(handler)
+            elif _is_otel_handler(handler):
+                otel = max(otel, OTEL_TAKES if level >= handler.level else OTEL_SEEN)
+        current = current.parent if current.propagate else None
+    if not found and consoles:
+        last = logging.lastResort
+        if last is not None and level >= last.level and isinstance(last, logging.StreamHandler):
+            streams.append(last)
+    return streams, otel
 
 
 def _handler_class() -> type:
@@ -132,17 +161,60 @@ class _RecordBuffer(_drainer.Buffer):
         self._handler: logging.Handler | None = None
         self._generation = -1
         self._closed = False
+        self._fds: dict[int, tuple[Any, int]] = {}  # id(stream) -> (stream, its fd or -1)
         _drainer.register(self)
 
-    def capture(self, logger: logging.Logger, record: logging.LogRecord) -> None:
-        """The hot path: in the thread that logs. Never raises."""
+    def before(self, logger: logging.Logger, record: logging.LogRecord) -> bool:
+        """Before the handlers: whether ``record`` is to be captured; the lines the console handlers are about to
+        print of an exported record are announced to the output capture first. The hot path. Never raises."""
         try:
             if self._closed or record.name.startswith(EXCLUDED_LOGGERS):
-                return
-            if (record.threadName or "").startswith(EXCLUDED_THREADS) or not _reaches_root(logger):
-                return
-            if _exported_by_root():
-                return  # OpenTelemetry's own handler is on the root logger (auto-instrumentation): it exports it
+                return False
+            if (record.threadName or "").startswith(EXCLUDED_THREADS):
+                return False
+            consoles, otel = _route(logger, record.levelno, output.announcing())
+            wanted = not otel  # an OpenTelemetry handler on the way exports it (or was set not to)
+            if consoles and (otel == OTEL_TAKES or (wanted and len(self._pending) < self.max_pending)):
+                self._announce(consoles, record)
+            return wanted
+        except Exception:
+            selftelemetry.count(selftelemetry.DROPPED, "logs", "conversion_error")
+            return False
+
+    def _announce(self, handlers: list[logging.StreamHandler[Any]], record: logging.LogRecord) -> None:
+        """The text each handler that prints to fd 1 or 2 is about to write, announced (``output.announce``).
+        A handler whose formatting fails announces nothing: logging prints its error, which stays a line."""
+        for handler in handlers:
+            stream = handler.stream
+            index = output.console_stream(self._fd(stream))
+            if index < 0:
+                continue
+            try:
+                text = handler.format(record) + handler.terminator
+                data = text.encode(
+                    getattr(stream, "encoding", None) or "utf-8", getattr(stream, "errors", None) or "strict"
+                )
+            except Exception:
+                continue
+            output.announce(index, data)
+
+    def _fd(self, stream: Any) -> int:
+        """The fd ``stream`` writes to, or -1 (cached by stream: ``fileno()`` of a stream that has none raises)."""
+        known = self._fds.get(id(stream))
+        if known is not None and known[0] is stream:
+            return known[1]
+        try:
+            fd = stream.fileno()
+        except Exception:
+            fd = -1
+        if len(self._fds) >= 64:
+            self._fds.clear()
+        self._fds[id(stream)] = (stream, fd if isinstance(fd, int) else -1)
+        return self._fds[id(stream)][1]
+
+    def capture(self, record: logging.LogRecord) -> None:
+        """After the handlers: the record into the buffer (:meth:`before` said so). Never raises."""
+        try:
             pending = self._pending
             if len(pending) >= self.max_pending:
                 self._overflow += 1
