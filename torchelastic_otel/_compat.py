@@ -284,6 +284,85 @@ def sdk_id_generator() -> Any:
     return _import_id_generator(_get_id_generator())
 
 
+def provider_processors(provider: Any, signal: str) -> list[Any]:
+    """The span / log record processors an SDK ``TracerProvider`` / ``LoggerProvider`` built elsewhere (by
+    ``opentelemetry-configuration`` from ``OTEL_CONFIG_FILE``) holds (``_active_span_processor._span_processors``,
+    ``_multi_log_record_processor._log_record_processors``). Empty (counted) where they moved: the bridge then cannot
+    count what a timed-out shutdown leaves behind, nor send a worker's final words with the worker's resource."""
+    holder, attribute = (
+        ("_active_span_processor", "_span_processors")
+        if signal == "traces"
+        else ("_multi_log_record_processor", "_log_record_processors")
+    )
+    processors = getattr(getattr(provider, holder, None), attribute, None)
+    if not isinstance(processors, (tuple, list)):
+        _fallback(f"{type(provider).__name__}.{holder}.{attribute}", "not found")
+        return []
+    return list(processors)
+
+
+def declarative_load(path: str) -> Any:
+    """``opentelemetry-configuration``'s ``load_config_file`` without its check of the package's own schema against
+    the JSON Schema metaschema, which ``jsonschema.validate`` repeats at every call: 95% of a load (~0.4 s of CPU
+    on an idle 2-core machine, seconds on a busy one), in every process of a job. The same steps otherwise, with the
+    loader's own pieces (``file._loader``: ``_parse_config_content`` with its ``${VAR}`` substitution, the
+    package's schema, ``_validate_file_format``, ``_dict_to_model``) and the same errors. Fallback (counted): the
+    public ``load_config_file``."""
+    from opentelemetry.configuration import ConfigurationError, load_config_file
+
+    try:
+        import jsonschema
+        from opentelemetry.configuration.file import _loader
+
+        parse, schema = _loader._parse_config_content, _loader._get_schema
+        check_format, to_model = _loader._validate_file_format, _loader._dict_to_model
+    except (ImportError, AttributeError) as exc:
+        _fallback("opentelemetry.configuration.file._loader", exc)
+        return load_config_file(path)
+    from pathlib import Path
+
+    file = Path(path)
+    suffix = file.suffix.lower()
+    if not file.is_file() or suffix not in (".yaml", ".yml", ".json"):
+        return load_config_file(path)  # its own error for a missing file, a directory, an unknown suffix
+    try:
+        content = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"Failed to read configuration file: {path} ({exc})") from exc
+    data = parse(content, suffix, path)
+    if data is None:
+        raise ConfigurationError("Configuration file is empty")
+    if not isinstance(data, dict):
+        raise ConfigurationError(f"Configuration must be a mapping/object, got {type(data).__name__}")
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema()).iter_errors(data))
+    if error is not None:
+        where = f" (at {' -> '.join(str(p) for p in error.absolute_path)})" if error.absolute_path else ""
+        raise ConfigurationError(f"Configuration does not match schema: {error.message}{where}")
+    check_format(data)
+    try:
+        return to_model(data)
+    except Exception as exc:
+        raise ConfigurationError(f"Failed to validate configuration: {exc}") from exc
+
+
+def auto_instrumentation_loaders() -> tuple[Callable[[], Any], Callable[[], Any]] | None:
+    """``opentelemetry-instrumentation``'s ``_load_distro`` and ``_load_configurators`` (the private
+    ``auto_instrumentation._load``): how ``opentelemetry-instrument`` picks the distro and the configurator
+    (``opentelemetry_distro`` / ``opentelemetry_configurator`` entry points, ``OTEL_PYTHON_DISTRO`` /
+    ``OTEL_PYTHON_CONFIGURATOR``). ``None`` where the package is not installed (nothing to do), or (counted) where
+    they moved: the bridge's processes then do not run a distro of their own."""
+    try:
+        import opentelemetry.instrumentation  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        from opentelemetry.instrumentation.auto_instrumentation._load import _load_configurators, _load_distro
+    except ImportError as exc:
+        _fallback("opentelemetry.instrumentation.auto_instrumentation._load", exc)
+        return None
+    return _load_distro, _load_configurators
+
+
 # ---- OpenTelemetry OTLP exporters ----------------------------------------------------------------------------------
 
 #: How the OTLP exporters (gRPC and HTTP) start the warning they log before they wait to retry an export.
@@ -464,3 +543,17 @@ def dataloader_iter_class(module: Any) -> type | None:
         _fallback("torch dataloader._BaseDataLoaderIter.__next__", "not defined")
         return None
     return cls
+
+
+# ---- Hugging Face transformers and Lightning: private methods the framework integrations wrap ---------------------
+
+
+def framework_method(cls: Any, name: str) -> Any:
+    """``cls.name`` where ``cls`` itself defines it as a function: a private method of a framework the bridge wraps
+    (``transformers.Trainer._save_checkpoint``, Lightning's ``_LoggerConnector.log_metrics``, ``frameworks``).
+    ``None`` (counted) where a release removed or renamed it: that part of the integration is then left out."""
+    function = getattr(cls, "__dict__", {}).get(name)
+    if not callable(function):
+        _fallback(f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls)}.{name}", "not defined")
+        return None
+    return function

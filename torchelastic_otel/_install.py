@@ -16,7 +16,9 @@ import threading
 from typing import Any
 
 from torchelastic_otel import _settings, pipeline
+from torchelastic_otel._export import distro as _distro
 from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._export import providers as _providers
 from torchelastic_otel._process import runtime  # noqa: F401 - runtime: the process hooks follow the pipeline
 from torchelastic_otel._torch import torch_bridge
 from torchelastic_otel._torch.worker_env import is_torchrun_worker, prepend_env_path, set_env
@@ -54,6 +56,17 @@ def _start_worker_build() -> None:
         pipeline.start_building()
 
 
+def _config_file_refused() -> bool:
+    """``OTEL_CONFIG_FILE`` is set and cannot be used (``_export.config_file``: one line on stderr). Checked where
+    the job starts, not in a worker: its agent checked it, and a worker must not read and validate the file in its
+    start-up (its pipeline reads it in the background)."""
+    if not _providers.from_file() or is_torchrun_worker():
+        return False
+    from torchelastic_otel._export import config_file
+
+    return config_file.refused()
+
+
 def _agent_loaded() -> bool:
     """Whether torch's elastic agent modules are imported in this process (the lifecycle spans wrap them)."""
     return all(name in sys.modules for name in _AGENT_MODULES)
@@ -78,6 +91,8 @@ def install(
             return True
         if pipeline.sdk_disabled():
             return False
+        if _config_file_refused():
+            return False  # reported on stderr: the job runs as plain torchrun
         explicit = tracer_provider is not None or meter_provider is not None or logger_provider is not None
         if not explicit and is_torchrun_worker():
             _start_worker_build()
@@ -108,6 +123,9 @@ def install(
             if propagate_to_workers:
                 prepend_env_path(patches, "PYTHONPATH", BOOTSTRAP_DIR)
                 set_env(patches, AUTO_INSTALL_ENV, "1")
+                found = None if in_worker else _distro.for_workers()
+                if found is not None:
+                    set_env(patches, _distro.FOUND_ENV, found)
         except Exception as exc:
             patches.restore()
             torch_bridge.LIGHT.take_over(installed=False)

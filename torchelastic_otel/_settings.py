@@ -29,6 +29,7 @@ __all__ = [
     "FAILURE_DIR",
     "FILE_DIR",
     "FORK_WAIT",
+    "FRAMEWORKS",
     "METRICS_DRAIN_INTERVAL",
     "OUTPUT_READER",
     "PROMETHEUS_PORT_OFFSET",
@@ -162,6 +163,11 @@ GOODPUT = _setting(Setting(
     "`0`: no step phases, checkpoint spans, memory gauges or goodput counters in workers (steps, stragglers and "
     "stalls stay; `TORCHELASTIC_OTEL_STEPS=0` turns everything off).",
 ))  # fmt: skip
+FRAMEWORKS = _setting(Setting(
+    "TORCHELASTIC_OTEL_FRAMEWORKS", True, _flag,
+    "`0`: no Hugging Face `Trainer` / Lightning integration in workers (their logged scalars as "
+    "`torchelastic.framework.*` gauges, their train / evaluate / save spans); see docs/frameworks.md.",
+))  # fmt: skip
 STALL_SECONDS = _setting(Setting(
     "TORCHELASTIC_OTEL_STALL_SECONDS", None, _non_negative,
     "Seconds without a step or a completed collective before a worker exports `torchelastic.worker.stalled` (unset: "
@@ -202,6 +208,11 @@ WORKER = _setting(Setting(
     "TORCHELASTIC_OTEL_WORKER", None, str,
     "The mark a worker leaves for its descendants (pid, rank, restart, run), which tells them they are not the "
     "worker.", internal=True,
+))  # fmt: skip
+DISTRO_FOUND = _setting(Setting(
+    "TORCHELASTIC_OTEL_DISTRO_FOUND", None, str,
+    "Set by a bridged agent for its workers: `1` if an OpenTelemetry distro or configurator is installed (the "
+    "workers run it), `0` if none is (they do not look).", internal=True,
 ))  # fmt: skip
 FAILURE_DIR = _setting(Setting(
     "TORCHELASTIC_OTEL_FAILURE_DIR", None, str,

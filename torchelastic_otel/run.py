@@ -12,30 +12,14 @@ import sys
 import uuid
 from typing import Any
 
+from torchelastic_otel._run_id import renew_if_stale, settle_run_id
+
 __all__ = ["main"]
-
-
-def _settle_run_id(args: Any, standalone_id: str | None = None) -> None:
-    """Generate torchrun's run id now where ``torch.distributed.run.run`` would generate it later.
-
-    Same rules as torch 2.x: ``--standalone``, and a single-node static rendezvous without an endpoint, become a
-    c10d rendezvous on ``localhost:0`` with a fresh uuid. Done here, torch then keeps these arguments as given.
-    """
-    if args.standalone:
-        args.standalone = False
-        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
-        args.rdzv_id = standalone_id or str(uuid.uuid4())
-        return
-    if args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
-        from torch.distributed.run import parse_min_max_nnodes
-
-        if parse_min_max_nnodes(args.nnodes)[1] == 1:
-            args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
 
 
 def _early_run_id(argv: list[str]) -> tuple[str | None, str | None]:
     """The run id as the arguments alone tell it, before torch (1-2 s to import) is: ``--rdzv-id`` as given, or a
-    fresh uuid for ``--standalone`` (which :func:`_settle_run_id` then uses); ``(None, None)`` where only torch's
+    fresh uuid for ``--standalone`` (which :func:`settle_run_id` then uses); ``(None, None)`` where only torch's
     parser can tell. Returns ``(run id, the standalone uuid)``."""
     standalone, run_id = None, None
     for i, arg in enumerate(argv):
@@ -79,6 +63,10 @@ def main(argv: list[str] | None = None) -> None:
         from torchelastic_otel.report import main as report
 
         sys.exit(report(argv[1:]))
+    if argv and argv[0] == "accelerate":  # `torchelastic-otel accelerate launch ...`: docs/accelerate.md
+        from torchelastic_otel.accelerate import main as accelerate
+
+        return accelerate(argv[1:])
     if argv and argv[0] == "run":  # `torchelastic-otel run ...`
         argv = argv[1:]
     # The agent's resource reads the run id from the environment when the pipeline is built; a launcher called
@@ -90,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         from torch.distributed import run as torchrun
 
         args = torchrun.parse_args(argv)
-        _settle_run_id(args, standalone_id)
+        settle_run_id(args, standalone_id)
         if args.rdzv_id and args.rdzv_id != "none":
             os.environ["TORCHELASTIC_RUN_ID"] = args.rdzv_id
         _renew_if_stale(os.environ.get("TORCHELASTIC_RUN_ID"))
@@ -106,19 +94,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _renew_if_stale(run_id: str | None) -> None:
-    """Rebuild the bridge's pipeline where it was built for another run id than this run's: an earlier run of this
-    process (``main`` called again: a notebook, a test suite), or the early build's guess. Its resource would
-    otherwise give this run's records the other run's ``torchelastic.run_id``."""
-    from torchelastic_otel import _names as names
-    from torchelastic_otel import pipeline
-
-    if pipeline.building():
-        pipeline.wait_built(EARLY_BUILD_WAIT_SECONDS)
-    current = pipeline.ready()
-    if current is None or current.resource is None:
-        return  # nothing built yet (install() builds it now), or the application's own providers
-    if current.resource.attributes.get(names.RUN_ID) != run_id:
-        pipeline.renew()
+    """The pipeline rebuilt where built for another run id (:func:`torchelastic_otel._run_id.renew_if_stale`)."""
+    renew_if_stale(run_id, EARLY_BUILD_WAIT_SECONDS)
 
 
 def _run(torchrun: Any, args: Any) -> None:

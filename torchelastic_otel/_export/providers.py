@@ -1,4 +1,8 @@
-"""The providers the bridge builds from ``OTEL_*``, with the SDK's own configuration code.
+"""The providers the bridge builds from ``OTEL_*`` (or ``OTEL_CONFIG_FILE``), with the SDK's own configuration code.
+
+With ``OTEL_CONFIG_FILE`` set, ``opentelemetry-configuration`` builds them from the file (``_export.config_file``)
+and they are made the bridge's (``_adopt``: the bounded classes below, counting batch processors, the torchrun
+attributes under the file's resource); the rest of this module is the ``OTEL_*`` route.
 
 Exporter names and the OTLP protocol per signal, sampler and id generator come from
 ``opentelemetry.sdk._configuration`` (through ``_compat``); the resource from ``Resource.create`` plus torchrun's
@@ -35,8 +39,19 @@ SIGNAL_ENV = {
 }
 
 
+def from_file() -> bool:
+    """Whether this process's providers come from ``OTEL_CONFIG_FILE`` (``_export.config_file``)."""
+    return bool(os.environ.get("OTEL_CONFIG_FILE", "").strip())
+
+
 def resource() -> Any:
-    """``Resource.create`` (env detectors, ``OTEL_RESOURCE_ATTRIBUTES``) with ``service.name`` defaulting to ours."""
+    """``Resource.create`` (env detectors, ``OTEL_RESOURCE_ATTRIBUTES``) with ``service.name`` defaulting to ours;
+    with ``OTEL_CONFIG_FILE``, the file's resource. Either over the torchrun attributes."""
+    if from_file():
+        from torchelastic_otel._export import config_file
+        from torchelastic_otel.resource import torchrun_attributes
+
+        return config_file.resource(DEFAULT_SERVICE_NAME, torchrun_attributes())
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
     resource = Resource.create()
@@ -164,7 +179,41 @@ def _or_default(variable: str, load: Callable[[], Any]) -> Any:
         return None
 
 
+def _from_file(signal: str, resource: Any, pull: bool = True) -> Any:
+    """The provider of ``signal`` that ``OTEL_CONFIG_FILE`` configures, made the bridge's own (:func:`_adopt`)."""
+    from torchelastic_otel._export import config_file
+
+    return _adopt(config_file.create(signal, resource, pull), signal)
+
+
+def _adopt(provider: Any, signal: str) -> Any:
+    """Make an SDK provider built elsewhere (``opentelemetry-configuration``) one of the bridge's: its flush and
+    shutdown bounded (``_Bounded``; its own exit handler taken off, the bridge's exit handler shuts it down in
+    time), its batch processors counting what a full queue drops and what a shutdown leaves behind."""
+    import atexit
+
+    atexit.unregister(provider.shutdown)  # the SDK's handler: unbounded, and a second shutdown at exit
+    # The same state in an instance of the bounded class (the SDK classes' layout refuses a __class__ assignment
+    # to a subclass with the mixin first): the providers keep nothing that points back to themselves.
+    original, provider = provider, object.__new__(_bounded_class(type(provider), signal))
+    provider.__dict__.update(vars(original))
+    if signal == "metrics":
+        provider._torchelastic_processors = []
+        provider._torchelastic_readers = _compat.metric_readers(provider) or []
+        return provider
+    processors = _compat.provider_processors(provider, signal)
+    for processor in processors:
+        base = type(processor)
+        if base.__name__ in ("BatchSpanProcessor", "BatchLogRecordProcessor"):
+            processor.__class__ = counting.counting_batch_processor(base, signal)
+    provider._torchelastic_processors = processors
+    provider._torchelastic_readers = []
+    return provider
+
+
 def build_tracer_provider(resource: Any) -> Any:
+    if from_file():
+        return _from_file("traces", resource)
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -185,6 +234,8 @@ def build_tracer_provider(resource: Any) -> Any:
 
 def build_meter_provider(resource: Any, pull: bool = True) -> Any:
     """The meter provider; ``pull=False`` leaves out pull exporters (Prometheus: a forked child's parent serves)."""
+    if from_file():
+        return _from_file("metrics", resource, pull)
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 
@@ -204,6 +255,8 @@ def build_meter_provider(resource: Any, pull: bool = True) -> Any:
 
 
 def build_logger_provider(resource: Any) -> Any:
+    if from_file():
+        return _from_file("logs", resource)
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
@@ -322,13 +375,15 @@ def is_pull_reader(reader: Any) -> bool:
     return any(cls.__name__ in _PULL_READERS for cls in type(reader).__mro__)
 
 
-_bounded_classes: dict[str, type] = {}
+_bounded_classes: dict[tuple[str, type], type] = {}
 
 
 def _bounded_class(base: type, signal: str) -> type:
-    cls = _bounded_classes.get(signal)
+    if issubclass(base, _Bounded):
+        return base
+    cls = _bounded_classes.get((signal, base))
     if cls is None:
         mixin = _BoundedMeterProvider if signal == "metrics" else _Bounded
         cls = type(f"Bounded{base.__name__}", (mixin, base), {"_torchelastic_signal": signal, "__module__": __name__})
-        _bounded_classes[signal] = cls
+        _bounded_classes[(signal, base)] = cls
     return cls

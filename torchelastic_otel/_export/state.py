@@ -58,6 +58,7 @@ from opentelemetry import _logs, metrics, trace
 from torchelastic_otel import _compat, _settings
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import bounded as _bounded
+from torchelastic_otel._export import distro as _distro
 from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel._export import health as _health
 from torchelastic_otel._export import placeholders as _placeholders
@@ -324,6 +325,8 @@ def _build() -> Pipeline:
     except Exception as exc:
         if threading.get_ident() in state.abandoned:  # _Abandoned, or a step that failed after the abandon
             return _noop_pipeline()  # nobody waits for it; it failed for the interpreter's shutdown, not its config
+        if getattr(exc, "reported", False):
+            return _noop_pipeline()  # a broken OTEL_CONFIG_FILE, reported once (_export.config_file)
         # A broken configuration must not reach the job: log it and export nothing.
         _logger.warning("torchelastic_otel: could not configure OpenTelemetry from OTEL_*: %s", exc)
         selftelemetry.count(selftelemetry.DROPPED, "all", "pipeline_unavailable")
@@ -370,7 +373,9 @@ def _go_on() -> None:
 
 
 def _from_environment() -> Pipeline:
-    """Reuse the global providers that are set; build (and set) the others from ``OTEL_*``."""
+    """Reuse the global providers that are set; build (and set) the others from ``OTEL_*``. An installed distro
+    and configurator run first, as ``opentelemetry-instrument`` runs them (``_export.distro``)."""
+    _distro.configure_once()
     tracer_provider = trace.get_tracer_provider()
     meter_provider = metrics.get_meter_provider()
     logger_provider = _logs.get_logger_provider()

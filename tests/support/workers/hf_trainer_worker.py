@@ -7,6 +7,11 @@ bridge. A ``TrainerCallback`` writes ``<FRAMEWORK_OUT>/rank<R>.json`` at the end
 ``Trainer`` ran on this rank (``global_step`` at each ``on_step_end``), the ``global_step`` of each save,
 whether this rank wrote files of its own at each save (``writes``: its ``rng_state_<process_index>.pth``, found on
 disk after training) and, where it did, the files of each save's checkpoint directory with their sizes (``files``).
+
+It also writes, at each log call, ``<FRAMEWORK_OUT>/logged-rank<R>-attempt<A>.json``: the ``Trainer``'s own
+``state.log_history`` so far on this rank and attempt (``TORCHELASTIC_RESTART_COUNT``). ``FRAMEWORK_EVAL=1``
+evaluates every ``FRAMEWORK_SAVE_EVERY`` steps on a small random set; ``FRAMEWORK_FAIL_ONCE=<marker path>``: rank 1
+raises at step ``FRAMEWORK_FAIL_AT`` (default 7) unless the marker exists, which it creates first (one failure).
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ RANK = int(os.environ["RANK"])
 OUT = os.environ["FRAMEWORK_OUT"]
 STEPS = int(os.environ.get("FRAMEWORK_STEPS", "20"))
 SAVE_EVERY = int(os.environ.get("FRAMEWORK_SAVE_EVERY", "10"))
+ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+EVALUATE = os.environ.get("FRAMEWORK_EVAL") == "1"
+FAIL_ONCE = os.environ.get("FRAMEWORK_FAIL_ONCE")
+FAIL_AT = int(os.environ.get("FRAMEWORK_FAIL_AT", "7"))
 VOCAB, LENGTH = 128, 32
 
 
@@ -54,6 +63,12 @@ class GroundTruth(transformers.TrainerCallback):  # type: ignore[misc]
 
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         self.steps.append(state.global_step)
+        if FAIL_ONCE and RANK == 1 and state.global_step == FAIL_AT and not os.path.exists(FAIL_ONCE):
+            open(FAIL_ONCE, "w").close()
+            raise RuntimeError(f"injected failure at step {FAIL_AT}")
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
+        _write(f"logged-rank{RANK}-attempt{ATTEMPT}.json", {"log_history": state.log_history})
 
     def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         self.saves.append(state.global_step)
@@ -65,10 +80,14 @@ class GroundTruth(transformers.TrainerCallback):  # type: ignore[misc]
         files = {step: _sizes(d) for step, d in directories.items()} if writes else {}
         record = {"rank": RANK, "steps": len(self.steps), "global_step": state.global_step, "saves": self.saves,
                   "writes": writes, "files": files}  # fmt: skip
-        path = os.path.join(OUT, f"rank{RANK}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(record, f)
-        os.replace(path + ".tmp", path)
+        _write(f"rank{RANK}.json", record)
+
+
+def _write(name: str, record: object) -> None:
+    path = os.path.join(OUT, name)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".tmp", path)
 
 
 def _sizes(directory: str) -> dict[str, int]:
@@ -96,8 +115,10 @@ def main() -> None:
         disable_tqdm=True,
         ddp_find_unused_parameters=False,
         seed=0,
+        **({"eval_strategy": "steps", "eval_steps": SAVE_EVERY, "per_device_eval_batch_size": 4} if EVALUATE else {}),
     )
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=RandomTokens(256), callbacks=[GroundTruth()])
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=RandomTokens(256), callbacks=[GroundTruth()],
+                                   eval_dataset=RandomTokens(16) if EVALUATE else None)  # fmt: skip
     trainer.train()
 
 

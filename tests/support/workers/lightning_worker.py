@@ -7,6 +7,12 @@ writes it through its checkpoint IO, ``torch.save``). It never imports the bridg
 (``on_train_batch_end``), the trainer's ``global_step``, the ``global_step`` of each checkpoint saved (every rank
 builds the checkpoint), whether this rank writes it (``writes``: only the global zero rank does, and its files are
 on disk after training) and, where it does, each save's file with its size (``files``).
+
+The module logs its training loss every step (``self.log("train_loss", ...)``; Lightning hands it on every
+``log_every_n_steps``) and writes what it logged, ``[global_step, value]`` pairs, to
+``<FRAMEWORK_OUT>/logged-rank<R>-attempt<A>.json`` (``TORCHELASTIC_RESTART_COUNT``). ``FRAMEWORK_EVAL=1`` validates
+every ``FRAMEWORK_SAVE_EVERY`` steps; ``FRAMEWORK_FAIL_ONCE=<marker path>``: rank 1 raises at step
+``FRAMEWORK_FAIL_AT`` (default 7) unless the marker exists, which it creates first (one failure).
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ RANK = int(os.environ["RANK"])
 OUT = os.environ["FRAMEWORK_OUT"]
 STEPS = int(os.environ.get("FRAMEWORK_STEPS", "20"))
 SAVE_EVERY = int(os.environ.get("FRAMEWORK_SAVE_EVERY", "10"))
+ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+EVALUATE = os.environ.get("FRAMEWORK_EVAL") == "1"
+FAIL_ONCE = os.environ.get("FRAMEWORK_FAIL_ONCE")
+FAIL_AT = int(os.environ.get("FRAMEWORK_FAIL_AT", "7"))
 FEATURES = 32
 
 
@@ -50,16 +60,28 @@ class Regressor(pl.LightningModule):
             torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
             torch.nn.Linear(64, 1),
         )  # fmt: skip
+        self.logged: list[list[float]] = []
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("train_loss", loss)
+        self.logged.append([self.global_step, float(loss.item())])
+        _write(f"logged-rank{RANK}-attempt{ATTEMPT}.json", {"train_loss": self.logged})
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
         return torch.utils.data.DataLoader(RandomRows(1024), batch_size=8, num_workers=0)
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(RandomRows(32), batch_size=8, num_workers=0)
 
 
 class GroundTruth(pl.Callback):
@@ -71,6 +93,9 @@ class GroundTruth(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
         self.batches += 1
+        if FAIL_ONCE and RANK == 1 and trainer.global_step == FAIL_AT and not os.path.exists(FAIL_ONCE):
+            open(FAIL_ONCE, "w").close()
+            raise RuntimeError(f"injected failure at step {FAIL_AT}")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):  # type: ignore[no-untyped-def]
         self.saves.append(trainer.global_step)
@@ -86,10 +111,14 @@ class GroundTruth(pl.Callback):
         writes = trainer.is_global_zero and sorted(files) == self.saves
         record = {"rank": RANK, "steps": self.batches, "global_step": trainer.global_step, "saves": self.saves,
                   "writes": writes, "files": files}  # fmt: skip
-        path = os.path.join(OUT, f"rank{RANK}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(record, f)
-        os.replace(path + ".tmp", path)
+        _write(f"rank{RANK}.json", record)
+
+
+def _write(name: str, record: object) -> None:
+    path = os.path.join(OUT, name)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".tmp", path)
 
 
 def main() -> None:
@@ -108,6 +137,9 @@ def main() -> None:
         enable_model_summary=False,
         logger=False,
         log_every_n_steps=5,
+        limit_val_batches=4 if EVALUATE else 0,
+        val_check_interval=SAVE_EVERY if EVALUATE else None,
+        num_sanity_val_steps=0,
     )
     trainer.fit(Regressor())
 

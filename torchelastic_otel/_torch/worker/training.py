@@ -13,6 +13,8 @@
 - ``anatomy``: the phases of each step and the goodput ledger (where the rank's time goes); ``checkpoints``: saves
   and loads as spans; ``memory``: the rank's resident set and CUDA allocator gauges. ``TORCHELASTIC_OTEL_GOODPUT=0``
   turns these three off;
+- ``frameworks``: Hugging Face ``Trainer`` and Lightning: their logged scalars as gauges, their train / evaluate /
+  save phases as spans (``TORCHELASTIC_OTEL_FRAMEWORKS=0`` turns them off);
 - the Flight Recorder's last entries are read when the default process group is destroyed and at exit, so a job
   shorter than the read interval gets its arrivals and phases too.
 
@@ -52,6 +54,9 @@ def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[st
 
         memory.install(patches)
         checkpoints.install(patches)
+    from torchelastic_otel._torch.worker import frameworks
+
+    frameworks.install(patches)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
     hooked = _hook_optimizers(patches)
     from torchelastic_otel._export import drainer as _drainer
