@@ -8,6 +8,7 @@ TORCH_VERSION := 2.13.0
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: venv bytecode demo lint test test-fast test-compat bench clean stack-deps browser-deps
+.PHONY: docs
 
 venv: $(STAMP)
 
@@ -37,7 +38,7 @@ demo: bytecode
 # under one of the two and not the other.
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
-test: bytecode lint stack-deps browser-deps
+test: bytecode lint docs stack-deps browser-deps
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not solo" --hypothesis-profile=full
 	$(PY) -m pytest -q -m solo --hypothesis-profile=full
 
@@ -47,6 +48,12 @@ test: bytecode lint stack-deps browser-deps
 # (tests/stack), the browser, and every example (profile `full`).
 test-fast: bytecode
 	$(PY) -m pytest -q -m "not jobs and not stack and not browser" --hypothesis-profile=fast tests/unit
+
+# The docs site (mkdocs.yml, docs/) into site/. --strict: a broken link or anchor, a page left out of the nav, any
+# warning fails the build (not with --quiet, which hides the warnings from --strict too).
+# tests/unit/test_docs_examples.py runs every example in it and in the README.
+docs: venv
+	$(VENV)/bin/mkdocs build --strict
 
 # Lint, format and type checks (configured in pyproject.toml) and no import cycle in the package.
 lint: venv

@@ -605,7 +605,7 @@ def sample(samples: dict[str, list[Any]], name: str, **labels: str) -> Any:
     return matching[0]
 
 
-#: Prometheus name of each default instrument, as this exporter version writes it (the README documents these).
+#: Prometheus name of each default instrument, as this exporter version writes it (docs/metrics.md documents these).
 PROMETHEUS_NAMES = {
     "torchelastic.function.calls": "torchelastic_function_calls_total",
     "torchelastic.function.duration": "torchelastic_function_duration_seconds",  # _bucket/_count/_sum

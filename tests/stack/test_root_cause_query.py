@@ -1,4 +1,4 @@
-"""The README's one query for a job's first failure, run by a real Prometheus over two real agents ("nodes").
+"""The docs' one query for a job's first failure, run by a real Prometheus over two real agents ("nodes").
 
 Each agent reports the first failure among its own workers; only a query over all agents finds the job's first.
 Two ``torchelastic-otel run`` agents (through ``tests/support/workers/_stack_launcher.py``, which keeps an agent's
@@ -6,7 +6,7 @@ Prometheus endpoint up after its run so its final values are scraped) join one c
 hosted by the test, as a dedicated store host would be, so the agents' exits do not take it down), 2 workers each
 (``tests/support/workers/_root_cause_worker.py --fail-rank 3``): global rank 3, on the second agent, raises while ranks
 0-2 wait for it in a gloo ``all_reduce``; gloo then fails ranks 0 and 1 on the first agent (and rank 2 on the second),
-later by causality. Debian's ``prometheus`` scrapes both agents every second. The README's query must name rank 3.
+later by causality. Debian's ``prometheus`` scrapes both agents every second. The docs' query must name rank 3.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ yaml = pytest.importorskip("yaml")
 from torch.distributed import TCPStore  # noqa: E402
 
 WORKER = WORKERS / "_root_cause_worker.py"
-README = ROOT / "README.md"
-#: The query as the README gives it; the test fills in the run id.
+README = ROOT / "docs" / "root-cause.md"
+#: The query as the docs give it; the test fills in the run id.
 QUERY = 'bottomk(1, torchelastic_root_cause_time_seconds{torchelastic_run_id="<run id>"})'
 TIMEOUT = 90.0
 
@@ -40,7 +40,7 @@ def _config(ports: list[int]) -> str:
 
 
 def test_readme_query_names_the_rank_that_failed_first_across_agents(tmp_path: Path) -> None:
-    assert QUERY in README.read_text(), "the README shows this query"
+    assert QUERY in README.read_text(), "docs/root-cause.md shows this query"
     bases = [free_port_block(3), free_port_block(3)]
     avoid = {base + i for base in bases for i in range(3)}
     prom = stack.Prometheus(stack.prometheus_bin(), tmp_path / "prometheus", _config(bases), avoid=avoid)

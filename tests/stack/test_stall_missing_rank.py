@@ -11,7 +11,7 @@ released at the same moment.
 - within the stall threshold, ``torchelastic.worker.stalled`` records (WARN) from ranks 0, 2 and 3 with their main
   thread's stack in ``all_reduce`` and ``code.*`` at the script's ``all_reduce`` line, the pending collective in
   their summary; rank 1's at its sleeping line, one collective behind;
-- the README's live query names rank 1 alone, behind in ``default_pg``; so does the alert
+- the docs' live query (docs/training.md) names rank 1 alone, behind in ``default_pg``; so does the alert
   ``TorchElasticRankMissingFromCollective``, and the training dashboard's table;
 - the terminated / exception records of the stopped ranks carry the same summary;
 - ``torchelastic-otel report`` (``--json``, terminal, HTML in Chromium): "rank 1 is missing from collective #N,
@@ -144,7 +144,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
         hang_started = time.time()
         query = training_jobs.readme_query()
         wait_for(lambda: _ranks_named(prom.query(query)) == [("1", "default_pg", 1.0)], QUERY_TIMEOUT,
-                         "the README's query to name rank 1", on_timeout=describe, interval=0.2)  # fmt: skip
+                         "the docs' query to name rank 1", on_timeout=describe, interval=0.2)  # fmt: skip
         named = prom.query(query)
         wait_for(lambda: [a for a in prom.firing() if a["labels"]["alertname"]
                                   == "TorchElasticRankMissingFromCollective"], 30, "the missing-rank alert",

@@ -42,7 +42,7 @@ TORCHRUN_VARS = {
 
 
 def report(title: str, rows: Iterable[tuple[str, Any]]) -> None:
-    """Print figures for the README (``pytest -s`` or ``-rA`` shows them; ``make test`` keeps them in the log)."""
+    """Print figures for the docs (``pytest -s`` or ``-rA`` shows them; ``make test`` keeps them in the log)."""
     print(f"\n[reliability] {title}")
     for key, value in rows:
         print(f"[reliability]   {key}: {value}")

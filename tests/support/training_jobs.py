@@ -1,5 +1,5 @@
 """What the straggler and missing-rank tests share: their jobs (bridged and plain torchrun), a real Prometheus with
-the committed training rules, the README's query, and the report of the jobs' files.
+the committed training rules, the docs' query, and the report of the jobs' files.
 
 Everything binds and targets 127.0.0.1; every process and server started here is stopped by the test that started
 it (``finally``); every wait has a deadline.
@@ -18,7 +18,7 @@ from tests.support import ROOT, stack
 
 yaml = stack.require_yaml()
 
-README = ROOT / "README.md"
+README = ROOT / "docs" / "training.md"
 TRAINING_RULES = stack.CONFIG_DIR / "alerts" / "torchelastic-training.rules.yml"
 TRAINING_DASHBOARD = stack.CONFIG_DIR / "grafana" / "dashboards" / "torchelastic-training.json"
 #: The committed rule group evaluates every 20 s; the tests' Prometheus every second (``scaled_rules``).
@@ -57,11 +57,12 @@ def prometheus_config(targets: list[str], rules: Path) -> str:
 
 
 def readme_query() -> str:
-    """The PromQL query of the README's "The rank that did not come" section (the fenced block after it)."""
+    """The PromQL query of the docs' "The rank that did not come" section (``docs/training.md``; the fenced block
+    after it)."""
     text = README.read_text()
-    section = text[text.index("#### The rank that did not come") :]
+    section = text[text.index("## The rank that did not come") :]
     block = re.search(r"```promql\n(.*?)```", section, re.DOTALL)
-    assert block, "the README shows the query in a ```promql block"
+    assert block, "docs/training.md shows the query in a ```promql block"
     return block[1].strip()
 
 

@@ -5,7 +5,7 @@ In-process drops (buffers, values, handlers, attributes) are checked on in-memor
 drops (an export rejected by the collector, a flush that cannot finish, a full SDK queue, an exporter that does
 not exist) run in a child process exporting to a real OTLP receiver, and are checked at the receiver.
 
-The reasons, by signal (what the README documents):
+The reasons, by signal (what docs/reliability.md documents):
 
 ======= ======================================= ==========================================================
 signal  reason                                  when

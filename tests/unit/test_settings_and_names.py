@@ -1,5 +1,6 @@
 """The bridge's settings and names each have one home: ``_settings`` reads every ``TORCHELASTIC_OTEL_*`` variable,
-``_names`` spells every emitted name; the README's settings table is the one ``_settings`` makes."""
+``_names`` spells every emitted name; the docs' settings table (``docs/configuration.md``) is the one ``_settings``
+makes."""
 
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ def _string_literals(path: Path) -> list[str]:
     ]
 
 
-def test_the_readme_table_is_the_settings_module() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_table_is_the_settings_module() -> None:
+    readme = (ROOT / "docs" / "configuration.md").read_text()
     assert _settings.markdown_table() in readme, (
-        "README's settings table differs from _settings: paste the output of "
+        "docs/configuration.md's settings table differs from _settings: paste the output of "
         "python -c 'import torchelastic_otel._settings as s; print(s.markdown_table())'"
     )
     documented = set(re.findall(r"`(TORCHELASTIC_OTEL_[A-Z_]+)`", readme))
