@@ -241,6 +241,7 @@ def test_the_html_report_in_a_real_browser(demo: Demo, browser: Chromium, tmp_pa
     browser.evaluate("document.querySelector('.toolbar button[data-zoom=in]').click()")
     zoomed = browser.evaluate(_RENDERED)["view"]
     assert zoomed[1] - zoomed[0] == pytest.approx((end - start) / 2, rel=0.01)
+    browser.evaluate("document.querySelector('.timeline').scrollIntoView()")  # below the root cause since issue 31
     box = browser.evaluate("(() => { const r = document.querySelector('.timeline').getBoundingClientRect();"
                            " return [r.x + r.width / 2, r.y + 40]; })()")  # fmt: skip
     browser.send("Input.dispatchMouseEvent", type="mouseWheel", x=box[0], y=box[1], deltaX=0, deltaY=-100)

@@ -5,7 +5,8 @@ Collector's ``file`` exporter), and this renders them later, anywhere: in the te
 HTML file (a zoomable timeline of agents, attempts, rendezvous and workers per rank; the root cause of each failed
 attempt with its traceback; restarts; per-rank metric charts and a metric table; the trace tree).
 
-- ``otlpjson``: reads the files (the OpenTelemetry library's OTLP JSON decoding), counting what it must skip;
+- ``otlpjson``: reads the files in one streaming pass (with the OpenTelemetry OTLP JSON library's checks),
+  counting what it must skip;
 - ``model``: the job: agents, attempts, workers, failures, root causes, restarts;
 - ``timeline``, ``metrics``, ``tree``: what both renderers show; ``terminal`` and ``html`` render it;
 - ``cli``: the command.

@@ -1,9 +1,12 @@
 """The inline style and script of the HTML report (kept in Python strings so the package needs no data files).
 
-The script reads the JSON island ``#report-data`` and draws, per job, the timeline (an SVG: a row per agent and
-per rank, bars per attempt and worker, thin bars for rendezvous and worker spans, marks for failures and
-restarts) and the metric charts, which share the timeline's time axis and zoom. It only creates elements and sets
-text and attributes (never ``innerHTML``), so no string from the telemetry can become markup; it loads nothing.
+The script reads the JSON island ``#report-data`` and draws, per job, the timeline and the metric charts, which
+share the timeline's time axis and zoom. The timeline is grouped by node in the page's own ``<details>`` elements:
+an axis lane (with the restarts), then per node shown a lane (an SVG: a row for its agent and per rank, bars per
+attempt and worker, thin bars for rendezvous and worker spans, marks for failures), drawn only while its
+``<details>`` is open (so 1,024 folded nodes cost nothing), and a lane of the healthy nodes' bands. It only
+creates elements and sets text and attributes (never ``innerHTML``), so no string from the telemetry can become
+markup; it loads nothing.
 """
 
 CSS = r"""
@@ -30,7 +33,18 @@ pre { background: var(--panel); border: 1px solid var(--line); border-radius: 4p
 .toolbar .hint { margin-left: 8px; font-size: 12.5px; }
 .timeline { border: 1px solid var(--line); border-radius: 4px; overflow: hidden; user-select: none; }
 .timeline svg { display: block; cursor: grab; }
-.timeline svg.dragging { cursor: grabbing; }
+.timeline.dragging svg { cursor: grabbing; }
+.timeline details { border-top: 1px solid var(--line); }
+.timeline summary { padding: 3px 8px; font-size: 13px; color: var(--fg); background: var(--panel); }
+.timeline details.deviating > summary { color: #9b1c1c; font-weight: 600; background: #fdf0f0; }
+.timeline .healthy { border-top: 1px solid var(--line); }
+.timeline .band-title { margin: 0; padding: 3px 8px; font-size: 13px; background: #eef7f1; color: var(--fg); }
+.timeline ul.bands { margin: 2px 0 4px; padding-left: 26px; font-size: 12.5px; color: var(--muted); }
+.timeline > .note { margin: 4px 8px; }
+rect.band.ok { fill: var(--ok); } rect.band.stopped { fill: var(--stop); }
+p.hosts { margin: 0 0 4px; color: var(--muted); overflow-wrap: anywhere; }
+ul.deviating { margin: 4px 0; padding-left: 18px; } ul.deviating > li { margin: 2px 0; }
+ul.deviating ul { margin: 0; padding-left: 18px; font-size: 13px; color: var(--muted); overflow-wrap: anywhere; }
 .details { min-height: 2.4em; max-height: 160px; white-space: pre-wrap; }
 .legend { display: flex; flex-wrap: wrap; gap: 14px; font-size: 12.5px; color: var(--muted); margin: 4px 0; }
 .legend .sw { display: inline-block; width: 14px; height: 10px; margin-right: 4px; vertical-align: -1px;
@@ -51,6 +65,7 @@ rect.bar, rect.span, rect.rdzv { cursor: pointer; }
 rect.row-bg { fill: #fff; } rect.row-bg.odd { fill: #f7f9fc; }
 text { font: 12px system-ui, sans-serif; fill: var(--fg); }
 text.row-label { font-weight: 600; } text.row-label.rank { font-weight: 400; }
+text.row-label.band { fill: #2d6b3f; }
 text.bar-label { fill: #fff; font-size: 11px; pointer-events: none; }
 text.tick { fill: var(--muted); font-size: 11px; }
 line.grid { stroke: #e6eaf0; } line.axis { stroke: #aab3c2; }
@@ -112,7 +127,7 @@ SCRIPT = r"""
   var SVG = "http://www.w3.org/2000/svg";
   var COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
                 "#7f7f7f", "#d62728"];
-  var LABEL = 112, AXIS = 40, PAD_RIGHT = 12;
+  var LABEL = 150, AXIS = 26, PAD_RIGHT = 12;
   var data = JSON.parse(document.getElementById("report-data").textContent);
 
   function node(name, attrs, parent, content) {
@@ -192,15 +207,19 @@ SCRIPT = r"""
       self.zoom(self.t(ev.clientX - rect.left, w), ev.deltaY < 0 ? 0.8 : 1.25);
     }, { passive: false });
     this.box.addEventListener("pointerdown", function (ev) {
+      if (!ev.target.closest || !ev.target.closest("svg")) { return; }  // a <summary>: let it fold and unfold
       drag = { x: ev.clientX, moved: false };
       self.box.setPointerCapture(ev.pointerId);
+    });
+    this.box.querySelectorAll("details").forEach(function (d) {
+      d.addEventListener("toggle", function () { self.drawTimeline(); });
     });
     this.box.addEventListener("pointermove", function (ev) {
       if (!drag) { return; }
       var dx = ev.clientX - drag.x;
       if (Math.abs(dx) < 3 && !drag.moved) { return; }
       drag.moved = true;
-      self.svg.classList.add("dragging");
+      self.box.classList.add("dragging");
       var w = self.width() - LABEL - PAD_RIGHT;
       self.pan(-dx / w * (self.view.b - self.view.a));
       drag.x = ev.clientX;
@@ -208,7 +227,7 @@ SCRIPT = r"""
     this.box.addEventListener("pointerup", function (ev) {
       var click = drag && !drag.moved;
       drag = null;
-      if (self.svg) { self.svg.classList.remove("dragging"); }
+      self.box.classList.remove("dragging");
       if (click) {
         var hit = document.elementFromPoint(ev.clientX, ev.clientY);
         var item = hit && hit.closest ? hit.closest("[data-title]") : null;
@@ -224,64 +243,102 @@ SCRIPT = r"""
     this.drawCharts();
   };
 
-  JobView.prototype.axis = function (svg, w, top, bottom) {
+  JobView.prototype.ticks = function (svg, w, top, bottom, labels) {
     var step = niceStep(this.view.b - this.view.a, Math.max(2, Math.floor(w / 110)));
     for (var t = Math.ceil(this.view.a / step) * step; t <= this.view.b; t += step) {
       var x = this.x(t, w);
       node("line", { "class": "grid", x1: x, x2: x, y1: top, y2: bottom }, svg);
-      node("text", { "class": "tick", x: x + 3, y: top - 6 }, svg, seconds(t, step));
+      if (labels) { node("text", { "class": "tick", x: x + 3, y: top - 6 }, svg, seconds(t, step)); }
     }
   };
 
+  JobView.prototype.lanes = function () {
+    var self = this, out = [];
+    this.box.querySelectorAll(".lane").forEach(function (lane) {
+      var details = lane.closest("details");
+      if (details && !details.open) { lane.textContent = ""; return; }
+      if (lane.classList.contains("axis-lane")) { out.push({ el: lane, axis: true, rows: [] }); }
+      else if (lane.classList.contains("band-lane")) { out.push({ el: lane, rows: self.job.bands }); }
+      else {
+        var group = self.job.groups[+lane.getAttribute("data-group")];
+        if (group) { out.push({ el: lane, rows: group.rows }); }
+      }
+    });
+    return out;
+  };
+
   JobView.prototype.drawTimeline = function () {
-    var job = this.job, self = this, width = this.width(), w = width - LABEL - PAD_RIGHT;
-    var heights = job.rows.map(function (r) { return r.kind === "agent" ? 30 : 24; });
-    var height = AXIS + heights.reduce(function (s, h) { return s + h; }, 0) + 6;
-    var svg = node("svg", { width: width, height: height, viewBox: "0 0 " + width + " " + height,
-                            "data-view-start": this.view.a.toFixed(3), "data-view-end": this.view.b.toFixed(3) });
-    var clipId = "clip-" + job.index;
-    node("rect", { x: LABEL, y: 0, width: w, height: height }, node("clipPath", { id: clipId }, node("defs", {}, svg)));
-    var y = AXIS, rowsG = node("g", {}, svg);
-    job.rows.forEach(function (row, i) {
-      node("rect", { "class": "row-bg" + (i % 2 ? " odd" : ""), x: 0, y: y, width: width, height: heights[i] }, rowsG);
-      node("text", { "class": "row-label " + row.kind, x: row.kind === "agent" ? 8 : 20, y: y + heights[i] / 2 + 4 },
-           rowsG, row.label);
-      y += heights[i];
+    var self = this;
+    this.svg = null;
+    this.lanes().forEach(function (lane) {
+      var svg = lane.axis ? self.drawAxis() : self.drawLane(lane.rows);
+      lane.el.textContent = "";
+      lane.el.appendChild(svg);
+      if (!self.svg) { self.svg = svg; }
     });
-    this.axis(svg, w, AXIS, height);
-    var plot = node("g", { "clip-path": "url(#" + clipId + ")" }, svg);
-    var restartTimes = [];
-    y = AXIS;
-    job.rows.forEach(function (row, i) {
-      self.drawRow(plot, row, y, heights[i], w);
-      row.marks.forEach(function (m) { if (m.c === "restart") { restartTimes.push(m); } });
-      y += heights[i];
-    });
-    restartTimes.forEach(function (m) {
-      var x = self.x(m.t, w);
+  };
+
+  JobView.prototype.frame = function (height) {
+    var width = this.width(), svg = node("svg", { width: width, height: height, viewBox: "0 0 " + width + " " + height,
+      "data-view-start": this.view.a.toFixed(3), "data-view-end": this.view.b.toFixed(3) });
+    return { svg: svg, width: width, w: width - LABEL - PAD_RIGHT };
+  };
+
+  JobView.prototype.drawAxis = function () {
+    var self = this, f = this.frame(AXIS), svg = f.svg;
+    this.ticks(svg, f.w, AXIS - 4, AXIS, true);
+    node("line", { "class": "axis", x1: LABEL, x2: LABEL + f.w, y1: AXIS - 1, y2: AXIS - 1 }, svg);
+    (this.job.restarts || []).forEach(function (m) {
+      var x = self.x(m.t, f.w);
+      if (x < LABEL || x > LABEL + f.w) { return; }
       var g = node("g", { "class": "mark restart", "data-title": m.title }, svg);
-      node("line", { "class": "restart-line", x1: x, x2: x, y1: 4, y2: height }, g);
+      node("line", { "class": "restart-line", x1: x, x2: x, y1: 4, y2: AXIS }, g);
       node("text", { "class": "restart-label", x: x + 4, y: 14 }, g, m.l);
       node("title", {}, g, m.title);
     });
-    if (job.rowsLeftOut) {
-      node("text", { "class": "tick", x: 8, y: height - 2 }, svg, job.rowsLeftOut + " more rows not shown");
-    }
-    this.box.textContent = "";
-    this.box.appendChild(svg);
-    this.svg = svg;
+    return svg;
+  };
+
+  JobView.prototype.drawLane = function (rows) {
+    var self = this, heights = rows.map(function (r) { return r.kind === "rank" ? 24 : 30; });
+    var height = heights.reduce(function (s, h) { return s + h; }, 0) + 2;
+    var f = this.frame(height), svg = f.svg, width = f.width, w = f.w;
+    var clipId = "clip-" + this.job.index + "-" + (this.clips = (this.clips || 0) + 1);
+    node("rect", { x: LABEL, y: 0, width: w, height: height }, node("clipPath", { id: clipId }, node("defs", {}, svg)));
+    var y = 0, rowsG = node("g", {}, svg);
+    rows.forEach(function (row, i) {
+      node("rect", { "class": "row-bg" + (i % 2 ? " odd" : ""), x: 0, y: y, width: width, height: heights[i] }, rowsG);
+      node("text", { "class": "row-label " + row.kind, x: row.kind === "rank" ? 20 : 8, y: y + heights[i] / 2 + 4 },
+           rowsG, row.label);
+      y += heights[i];
+    });
+    this.ticks(svg, w, 0, height, false);
+    var plot = node("g", { "clip-path": "url(#" + clipId + ")" }, svg);
+    (this.job.restarts || []).forEach(function (m) {
+      var x = self.x(m.t, w);
+      node("line", { "class": "restart-line", x1: x, x2: x, y1: 0, y2: height }, plot);
+    });
+    y = 0;
+    rows.forEach(function (row, i) {
+      self.drawRow(plot, row, y, heights[i], w);
+      y += heights[i];
+    });
+    return svg;
   };
 
   JobView.prototype.drawRow = function (g, row, y, h, w) {
     var self = this;
     row.bars.forEach(function (b) {
       var x1 = self.x(b.s, w), x2 = Math.max(self.x(b.e, w), x1 + 2);
-      var top = y + 4, bh = row.kind === "agent" ? h - 13 : h - 12;
+      var top = y + 4, bh = row.kind === "rank" ? h - 12 : h - 13;
       var r = node("rect", { "class": "bar " + b.c, x: x1, y: top, width: x2 - x1, height: bh, rx: 2,
                              "data-title": b.t }, g);
       for (var k in b.d) { if (b.d[k] !== null) { r.setAttribute("data-" + k, b.d[k]); } }
       node("title", {}, r, b.t);
-      if (x2 - x1 > b.l.length * 6.6 + 8) {
+      var label = row.kind === "band" ? b.t : b.l;
+      if (x2 - x1 > label.length * 6.6 + 8) {
+        node("text", { "class": "bar-label", x: Math.max(x1, LABEL) + 4, y: top + bh / 2 + 4 }, g, label);
+      } else if (x2 - x1 > b.l.length * 6.6 + 8) {
         node("text", { "class": "bar-label", x: Math.max(x1, LABEL) + 4, y: top + bh / 2 + 4 }, g, b.l);
       }
     });

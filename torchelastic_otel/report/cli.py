@@ -10,6 +10,7 @@ the report itself.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as exc:
         print(f"torchelastic-otel report: {exc}", file=sys.stderr)
         return 2
+    gc.freeze()  # the records live as long as the command: the collector need not walk them again while it renders
     jobs = model.build(tel)
     if args.json:
         print(json.dumps(training.summary(jobs, dict(tel.problems.counts)), indent=2, default=str))

@@ -137,7 +137,7 @@ class Goodput:
 def _latest(job: Job, name: str) -> dict[tuple[int, int], dict[str, float]]:
     """The latest value (by time) of each ``cause`` of metric ``name`` per worker process (restart, rank)."""
     best: dict[tuple[int, int, str], tuple[int, float]] = {}
-    for point in job.points:
+    for point in job.named(name):
         proc = point.proc
         if point.name != name or proc.kind != "worker" or proc.rank is None or point.value is None:
             continue
@@ -293,7 +293,7 @@ def _process(
 def phases(job: Job) -> dict[tuple[int, int], dict[str, float | None]]:
     """Per (restart, rank): the median seconds per step of every phase (``None`` where the worker recorded none)."""
     latest: dict[tuple[int, int, str], Point] = {}
-    for point in job.points:
+    for point in job.named(names.WORKER_STEP_PHASE_DURATION):
         proc = point.proc
         if point.name != names.WORKER_STEP_PHASE_DURATION or proc.kind != "worker" or proc.rank is None:
             continue
@@ -317,7 +317,7 @@ def phases(job: Job) -> dict[tuple[int, int], dict[str, float | None]]:
 def _phase_medians(job: Job) -> dict[tuple[int, int, str], float]:
     """The workers' own medians (``torchelastic.worker.step.phase.median``: the last 1,001 steps), latest by time."""
     latest: dict[tuple[int, int, str], Point] = {}
-    for point in job.points:
+    for point in job.named(names.WORKER_STEP_PHASE_MEDIAN):
         proc = point.proc
         if point.name != names.WORKER_STEP_PHASE_MEDIAN or proc.kind != "worker" or proc.rank is None:
             continue

@@ -7,7 +7,10 @@ timeline and the per-rank charts) are drawn in the browser from a JSON island by
 but the inline style and script, so the page cannot reach the network even by mistake.
 
 The file's size is bounded whatever the input: the timeline, charts, tables, tracebacks and lists are capped
-(``Limits``), and what was left out is said on the page.
+(``Limits``), and what was left out is said on the page. At scale the top of the page says what went wrong: the
+counts (the same as ``--json``'s), the hosts in short (``node0000…node1023 (1,024 hosts)``), the root cause and the
+deviating nodes; the timeline is grouped by node (``<details>``): the deviating nodes first and open, the healthy
+ones folded into one band per attempt, a few of them listed folded (drawn when opened).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from typing import Any
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import _assets, timeline, training, tree
 from torchelastic_otel.report import goodput as goodput_mod
+from torchelastic_otel.report import hosts as hosts_mod
 from torchelastic_otel.report import metrics as metrics_mod
+from torchelastic_otel.report import nodes as nodes_mod
 from torchelastic_otel.report.model import IOSTREAM, Attempt, Job, WorkerRun, as_str, output_lines
 from torchelastic_otel.report.records import SEVERITY_WARN, LogRecord, Problems, Telemetry
 
@@ -31,6 +36,11 @@ _CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline
 @dataclass(frozen=True)
 class Limits:
     rows: int = 256
+    open_nodes: int = 8  # deviating nodes drawn open
+    node_groups: int = 32  # deviating nodes with their rows
+    healthy_nodes: int = 8  # healthy nodes listed one by one (folded), beside the bands
+    deviating_listed: int = 16  # deviating nodes named at the top
+    table_ranks: int = 64  # rows of the per-rank steps table
     spans: int = 3000
     charts: int = 16
     series: int = 16
@@ -49,16 +59,17 @@ def e(value: Any) -> str:
 
 
 def render(tel: Telemetry, jobs: list[Job], limits: Limits = Limits()) -> str:
-    data = {"jobs": [_job_data(job, i, limits) for i, job in enumerate(jobs)]}
+    views = [_View.of(job, limits) for job in jobs]
+    data = {"jobs": [_job_data(job, i, limits, views[i]) for i, job in enumerate(jobs)]}
     title = "torchelastic report" + (f": run {jobs[0].run_id}" if jobs and jobs[0].run_id else "")
     body = [
         "<header>",
         f"<h1>{e(title)}</h1>",
-        f"<p class=meta>{len(tel.files)} file(s): {len(tel.spans):,} spans, {len(tel.logs):,} log records, "
+        f"<p class=meta>{len(tel.files):,} file(s): {len(tel.spans):,} spans, {len(tel.logs):,} log records, "
         f"{len(tel.points):,} metric points &middot; rendered {e(_now())}</p>",
         "</header>",
     ]
-    body += [_job_html(job, i, limits) for i, job in enumerate(jobs)]
+    body += [_job_html(job, i, limits, views[i]) for i, job in enumerate(jobs)]
     body.append(_problems_html(tel.problems))
     return "\n".join(
         [
@@ -94,16 +105,19 @@ def _ms(job: Job, t: int) -> float:
     return round((t - job.start) / 1e6, 3)
 
 
-def _job_data(job: Job, index: int, limits: Limits) -> dict[str, Any]:
-    rows, left_out = timeline.rows(job, max_rows=limits.rows, max_spans=limits.spans)
-    all_streams = metrics_mod.streams(job.points)
-    charts = metrics_mod.charts(all_streams, limits.charts, limits.series, limits.points)
+def _job_data(job: Job, index: int, limits: Limits, view: _View) -> dict[str, Any]:
+    layout = view.layout
+    charts = metrics_mod.charts(view.streams, limits.charts, limits.series, limits.points)
     return {
-        "training": _arrival_chart(job, limits),
+        "training": _arrival_chart(job, view.found, limits),
         "index": index,
         "end": _ms(job, job.end),
-        "rows": [_row_data(job, r) for r in rows],
-        "rowsLeftOut": left_out,
+        "groups": [{"host": g.host, "rows": [_row_data(job, r) for r in g.rows]} for g in layout.groups],
+        "bands": [_row_data(job, r) for r in layout.bands],
+        "restarts": [{"t": _ms(job, r.time), "l": f"↻ restart {r.restart}",
+                      "title": f"restart {r.restart} at {timeline.seconds(job, r.time)} (reason: {r.reason or '?'})"}
+                     for r, _ in hosts_mod.restarts(job)],
+        "rowsLeftOut": layout.rows_left_out,
         "charts": [
             {
                 "title": c.stream.label,
@@ -121,12 +135,12 @@ def _job_data(job: Job, index: int, limits: Limits) -> dict[str, Any]:
             }
             for c in charts
         ],
-    }
+    }  # fmt: skip
 
 
-def _arrival_chart(job: Job, limits: Limits) -> list[dict[str, Any]]:
+def _arrival_chart(job: Job, found: training.Training, limits: Limits) -> list[dict[str, Any]]:
     """The per-rank chart of the straggler signal: each rank's arrival between two exports of its metrics."""
-    series = training.analyze(job).arrival_series[: limits.series]
+    series = found.arrival_series[: limits.series]
     if not series:
         return []
     return [{
@@ -159,43 +173,128 @@ def _row_data(job: Job, row: timeline.Row) -> dict[str, Any]:
 # ---- the static parts -------------------------------------------------------------------------------------------
 
 
-def _job_html(job: Job, index: int, limits: Limits) -> str:
-    found = training.analyze(job)
+@dataclass
+class _View:
+    """What both the page and its JSON island are made from, computed once per job."""
+
+    found: training.Training
+    overview: nodes_mod.Overview
+    layout: timeline.Grouped
+    streams: list[metrics_mod.Stream]  # computed once: the charts and the table both read them
+
+    @classmethod
+    def of(cls, job: Job, limits: Limits) -> _View:
+        found = training.analyze(job)
+        view = nodes_mod.overview(job, found)
+        layout = timeline.grouped(job, view, max_rows=limits.rows, max_spans=limits.spans, max_open=limits.open_nodes,
+                                  max_groups=limits.node_groups, max_healthy=limits.healthy_nodes)  # fmt: skip
+        return cls(found, view, layout, metrics_mod.streams(job.points))
+
+
+def _job_html(job: Job, index: int, limits: Limits, view: _View) -> str:
+    found = view.found
     assessment = goodput_mod.assess(job, found)
     restarts = job.restart_count
     after = f" after {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""
-    hosts = sorted({a.host for a in job.agents if a.host})
     parts = [
         f'<section class="job" id="job-{index}" data-run-id="{e(job.run_id or "")}" data-outcome="{e(job.outcome)}">',
         f"<h2>run <code>{e(job.run_id or '(no run id)')}</code> "
         f'<span class="badge {e(job.outcome.lower())}">{e(job.outcome)}</span>{e(after)}</h2>',
-        f"<p class=summary>{len(job.ranks)} ranks &middot; {len(job.attempts)} attempts &middot; "
-        f"{(job.end - job.start) / 1e9:.1f} s &middot; {len(job.agents)} agent(s)"
-        f"{' on ' + e(', '.join(hosts)) if hosts else ''}</p>",
+        _summary_html(job, view.overview),
         _verdict_html(assessment),
+        _root_cause_html(job, limits),
+        _deviating_html(view.overview, limits),
         "<h3>Timeline</h3>",
         '<div class="toolbar"><button type="button" data-zoom="in" title="zoom in">+</button>'
         '<button type="button" data-zoom="out" title="zoom out">&minus;</button>'
         '<button type="button" data-zoom="reset">reset</button>'
         "<span class=hint>wheel: zoom &middot; drag: pan &middot; double-click: reset &middot; "
-        "click a bar: details</span></div>",
-        f'<div class="timeline" data-job="{index}"></div>',
+        "click a bar: details &middot; times UTC</span></div>",
+        _timeline_html(job, index, view),
         '<pre class="details" aria-live="polite">click a bar or a mark for its details</pre>',
         _legend(),
         _goodput_html(assessment.goodput),
-        _root_cause_html(job, limits),
         _training_html(job, found, index, limits),
         "<h3>Metrics</h3>",
         f'<div class="charts" data-job="{index}"></div>',
         _failures_html(job, limits),
         "<h3>Metric values</h3>",
-        _metric_table_html(job, limits),
+        _metric_table_html(view.streams, limits),
         _notable_html(job, limits),
         "<h3>Trace</h3>",
         f'<pre class="tree">{e(chr(10).join(tree.render(job.spans, max_lines=limits.tree_lines)))}</pre>',
         "</section>",
     ]
     return "\n".join(p for p in parts if p)
+
+
+def _summary_html(job: Job, view: nodes_mod.Overview) -> str:
+    """The counts (as ``--json`` states them, in ``data-*`` too) and the hosts in short."""
+    c = view.counts
+    data = " ".join(f'data-{k}="{v}"' for k, v in c.as_json().items())
+    items = ((c.ranks, "rank"), (c.attempts, "attempt"), (c.nodes, "node"), (c.failures, "failure"))
+    counts = " &middot; ".join(e(hosts_mod.plural(n, w)) for n, w in items)
+    hosts = f'<p class=hosts data-hosts="{c.nodes}">hosts: {e(view.hosts)}</p>' if view.hosts else ""
+    return (f"<p class=summary {data}>{counts} &middot; {(job.end - job.start) / 1e9:.1f} s &middot; "
+            f"{e(hosts_mod.plural(c.agents, 'agent'))}</p>{hosts}")  # fmt: skip
+
+
+def _deviating_html(view: nodes_mod.Overview, limits: Limits) -> str:
+    """The deviating nodes, each with what its deviating ranks did, before the timeline."""
+    if not view.deviating:
+        return ""
+    total = len(view.deviating) + len(view.healthy)
+    out = [f"<h3>Deviating nodes <small>({len(view.deviating):,} of {total:,}; "
+           f"{e(hosts_mod.plural(len(view.healthy), 'healthy node'))})</small></h3><ul class=deviating>"]  # fmt: skip
+    for node in view.deviating[: limits.deviating_listed]:
+        notes = "".join(f"<li>{e(n[: limits.body])}</li>" for n in node.notes[:4])
+        more = f"<li>&hellip; {len(node.notes) - 4} more</li>" if len(node.notes) > 4 else ""
+        out.append(f'<li data-host="{e(node.host)}" data-reasons="{e(",".join(node.reasons))}"><b>{e(node.host)}</b> '
+                   f"{e(', '.join(node.reasons))}: {e(hosts_mod.rank_list(node.deviating_ranks))}"
+                   f"<ul>{notes}{more}</ul></li>")  # fmt: skip
+    out.append("</ul>")
+    rest = view.deviating[limits.deviating_listed :]
+    if rest:
+        out.append(f"<p class=note>{len(rest):,} more deviating nodes: {e(hosts_mod.summarize(n.host for n in rest))}"
+                   "</p>")  # fmt: skip
+    return "\n".join(out)
+
+
+def _timeline_html(job: Job, index: int, view: _View) -> str:
+    """The grouped timeline's frame: an axis, a ``<details>`` per node shown (its lane drawn by the script), the
+    healthy bands. What each group is, and whether it is open, is in the HTML itself."""
+    layout, ov = view.layout, view.overview
+    out = [f'<div class="timeline" data-job="{index}"><div class="lane axis-lane"></div>']
+    healthy_started = False
+    for i, group in enumerate(layout.groups):
+        if not group.deviating and not healthy_started and layout.bands:
+            out.append(_bands_html(ov, layout))
+            healthy_started = True
+        cls = "node deviating" if group.deviating else "node healthy"
+        out.append(f'<details class="{cls}" data-host="{e(group.host)}" data-group="{i}"'
+                   f' data-reasons="{e(",".join(group.node.reasons))}"{" open" if group.open else ""}>'
+                   f"<summary>{e(group.summary)}</summary>"
+                   f'<div class="lane" data-group="{i}"></div></details>')  # fmt: skip
+    if layout.deviating_left_out:
+        out.append(f"<p class=note>{layout.deviating_left_out:,} more deviating nodes, listed above, not drawn</p>")
+    if layout.bands and not healthy_started:
+        out.append(_bands_html(ov, layout))
+    if layout.healthy_left_out:
+        rest = ov.healthy[len(ov.healthy) - layout.healthy_left_out :]
+        out.append(f"<p class=note>{layout.healthy_left_out:,} more healthy nodes, in the bands only: "
+                   f"{e(hosts_mod.summarize(n.host for n in rest))}</p>")  # fmt: skip
+    if layout.rows_left_out:
+        out.append(f"<p class=note>{layout.rows_left_out:,} more rows not shown</p>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def _bands_html(ov: nodes_mod.Overview, layout: timeline.Grouped) -> str:
+    texts = "".join(f"<li>{e(b.text())}</li>" for b in ov.bands)
+    return (f'<div class="healthy" data-nodes="{len(ov.healthy)}"><p class=band-title>'
+            f"{e(hosts_mod.plural(len(ov.healthy), 'healthy node'))}, folded: "
+            f"{e(hosts_mod.summarize(n.host for n in ov.healthy))}</p>"
+            f'<div class="lane band-lane"></div><ul class=bands>{texts}</ul></div>')  # fmt: skip
 
 
 def _legend() -> str:
@@ -261,7 +360,7 @@ def _goodput_html(found: goodput_mod.Goodput) -> str:
 
 
 def _root_cause_html(job: Job, limits: Limits) -> str:
-    failed = [a for a in job.attempts if a.failed]
+    failed = hosts_mod.failed_attempts(job)
     if not failed and not job.restarts:
         return ""
     out = ["<h3>Root cause</h3>" if failed else "<h3>Restarts</h3>"]
@@ -269,9 +368,10 @@ def _root_cause_html(job: Job, limits: Limits) -> str:
         out.append(_cause_html(job, attempt, limits))
     if job.restarts:
         out.append("<ul class=restarts>")
-        for r in job.restarts:
+        for r, agents in hosts_mod.restarts(job):
+            where = f" on {hosts_mod.plural(agents, 'agent')}" if agents > 1 else f" on {r.host}" if r.host else ""
             out.append(f"<li>&#x21bb; restart {e(r.restart)} at {e(timeline.seconds(job, r.time))} "
-                       f"(reason: {e(r.reason or '?')}){' on ' + e(r.host) if r.host else ''}</li>")  # fmt: skip
+                       f"(reason: {e(r.reason or '?')}){e(where)}</li>")  # fmt: skip
         out.append("</ul>")
     return "\n".join(out)
 
@@ -286,7 +386,7 @@ def _cause_html(job: Job, attempt: Attempt, limits: Limits) -> str:
         f"<p class=headline>attempt {attempt.restart}: {e(cause.headline)}</p>",
     ]
     if cause.consequences:
-        parts.append(f"<p>then failed or stopped: rank(s) {e(', '.join(map(str, cause.consequences)))}</p>")
+        parts.append(f"<p>then failed or stopped: {e(hosts_mod.rank_list(cause.consequences))}</p>")
     if cause.source == "derived":
         parts.append("<p class=note>chosen from the agent's failure records: the first rank not stopped by the agent"
                      "</p>")  # fmt: skip
@@ -311,13 +411,21 @@ def _training_html(job: Job, found: training.Training, index: int, limits: Limit
                        f'data-group="{e(m.process_group)}">attempt {m.restart}: {e(m.sentence)} '
                        f"(ranks {e(', '.join(map(str, m.waiting)))} waited in it)</p>")  # fmt: skip
     if any(r.arrival is not None or any(v is not None for v in r.phases.values()) for r in found.ranks):
-        out.append(_stragglers_html(found, index))
+        out.append(_stragglers_html(found, index, limits))
     if found.stalls:
         out.append(_stalls_html(job, found.stalls, limits))
     return "\n".join(out)
 
 
-def _stragglers_html(found: training.Training, index: int) -> str:
+def _table_ranks(found: training.Training, limit: int) -> tuple[list[training.RankSteps], int]:
+    """Every rank when they fit; else the stragglers, then the slowest arrivals (in table order)."""
+    if len(found.ranks) <= limit:
+        return found.ranks, 0
+    keep = {id(r) for r in sorted(found.ranks, key=lambda r: (not r.straggler, -(r.ratio or 0.0)))[:limit]}
+    return [r for r in found.ranks if id(r) in keep], len(found.ranks) - limit
+
+
+def _stragglers_html(found: training.Training, index: int, limits: Limits) -> str:
     ms = lambda v: "" if v is None else f"{v * 1000:,.1f} ms"  # noqa: E731
     with_arrival = any(r.arrival is not None for r in found.ranks)
     out = ["<h3>Stragglers</h3>" if with_arrival else "<h3>Steps</h3>",
@@ -335,7 +443,8 @@ def _stragglers_html(found: training.Training, index: int) -> str:
     out.append("<table class=stragglers><thead><tr><th>attempt</th><th>rank</th><th>host</th><th>arrival</th>"
                f"<th>ratio</th><th>step time</th><th>steps</th>{phase_heads if with_phases else ''}</tr></thead>"
                "<tbody>")  # fmt: skip
-    for r in found.ranks:
+    shown, left_out = _table_ranks(found, limits.table_ranks)
+    for r in shown:
         ratio = f"{r.ratio:.2f}" if r.ratio is not None else ""
         cells = "".join(f'<td class=phase data-phase="{p}">{ms(r.phases.get(p))}</td>' for p in goodput_mod.PHASES)
         out.append(f'<tr class="{"straggler" if r.straggler else ""}" data-rank="{r.rank}" data-restart="{r.restart}">'
@@ -343,6 +452,9 @@ def _stragglers_html(found: training.Training, index: int) -> str:
                    f"<td>{ratio}</td><td>{ms(r.step)}</td><td>{r.steps}</td>"
                    f"{cells if with_phases else ''}</tr>")  # fmt: skip
     out.append("</tbody></table>")
+    if left_out:
+        out.append(f"<p class=note>{left_out:,} more ranks within {training.STRAGGLER_RATIO}x of the median not listed "
+                   "(see --json)</p>")  # fmt: skip
     if with_phases:
         out.append(f"<p class=note>Phases: each rank's median seconds per step of each phase "
                    f"({e(names.WORKER_STEP_PHASE_DURATION)}), from its histogram's buckets.</p>")  # fmt: skip
@@ -386,6 +498,7 @@ def _failures_html(job: Job, limits: Limits) -> str:
     runs = [w for w in job.workers if w.state in ("failed", "terminated") or w.exception or w.stack]
     if not runs:
         return ""
+    runs.sort(key=lambda w: (not w.root_cause, w.state != "failed", not w.exception))  # the cause, not 63 stopped
     out = ["<h3>Failures</h3>", "<table class=failures><thead><tr><th>attempt</th><th>rank</th><th>how it ended</th>"
            "<th>exception / where</th></tr></thead><tbody>"]  # fmt: skip
     for run in runs[: limits.failures]:
@@ -410,8 +523,7 @@ def _failure_row(run: WorkerRun, limits: Limits) -> str:
             f"<td>{e(run.exception[: limits.body])}{''.join(details)}</td></tr>")  # fmt: skip
 
 
-def _metric_table_html(job: Job, limits: Limits) -> str:
-    all_streams = metrics_mod.streams(job.points)
+def _metric_table_html(all_streams: list[metrics_mod.Stream], limits: Limits) -> str:
     if not all_streams:
         return "<p class=note>no metric points in these files</p>"
     table = metrics_mod.table(all_streams, limits.metric_rows, limits.metric_ranks)

@@ -156,7 +156,7 @@ def _window(points: list[tuple[int, float]], steps: list[tuple[int, float]]) -> 
 def _by_process(job: Job, name: str) -> dict[Proc, list[tuple[int, float]]]:
     """``(time, value)`` of the points of ``name`` per worker process, one per time (the last written wins)."""
     out: dict[Proc, dict[int, float]] = collections.defaultdict(dict)
-    for point in job.points:
+    for point in job.named(name):
         if _usable(point, name):
             out[point.proc][point.time] = point.value  # type: ignore[assignment]  # (_usable: not None)
     return {proc: sorted(values.items()) for proc, values in out.items()}

@@ -171,6 +171,22 @@ class Job:
     outcome: str = "UNKNOWN"  # SUCCEEDED | FAILED | UNFINISHED | UNKNOWN
     start: int = 0
     end: int = 0
+    _by_name: dict[str, list[Point]] = field(default_factory=dict, repr=False, compare=False)
+    _indexed: int = field(default=-1, repr=False, compare=False)
+
+    def named(self, name: str) -> list[Point]:
+        """The points of metric ``name``, in order. Indexed on first use (and again if points were added): the
+        views ask for a few names, and each was a pass over every point of the run, millions on 1,000 nodes."""
+        if self._indexed != len(self.points):
+            self._by_name = collections.defaultdict(list)
+            for point in self.points:
+                self._by_name[point.name].append(point)
+            self._indexed = len(self.points)
+        return self._by_name.get(name, [])
+
+    def point_procs(self) -> list[Proc]:
+        """Every process that wrote a point, once each, in the order of their first point."""
+        return list(dict.fromkeys(p.proc for p in self.points))
 
     @property
     def attempts(self) -> list[Attempt]:
@@ -251,8 +267,9 @@ def _build_job(job: Job) -> None:
     job.start, job.end = (min(times), max(times)) if times else (0, 0)
     job.agents = _agents(job)
     _attach_workers(job)
+    verdicts = _Verdicts(job)
     for attempt in job.attempts:
-        _finish_attempt(job, attempt)
+        _finish_attempt(job, attempt, verdicts)
     job.restarts = _restarts(job)
     job.outcome = _outcome(job)
 
@@ -322,30 +339,88 @@ def _attempts_from_workers(job: Job) -> list[Attempt]:
 # ---- workers --------------------------------------------------------------------------------------------------
 
 
+_RunKey = tuple[str, int, "int | None"]
+
+
+class _Runs(dict[_RunKey, WorkerRun]):
+    """The worker runs by (host, restart, rank), with an index by (restart, rank): a record that names its worker
+    only by rank and restart (the agent's, whose host name may differ) finds it without a scan of every run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._by_rank: dict[tuple[int, int | None], _RunKey] = {}
+
+    def add(self, key: _RunKey, run: WorkerRun) -> WorkerRun:
+        """``setdefault`` that keeps the index (the first run of a (restart, rank) is the one found by it)."""
+        found = self.setdefault(key, run)
+        self._by_rank.setdefault(key[1:], key)
+        return found
+
+    def key_for_rank(self, host: str, restart: int, rank: int | None) -> _RunKey:
+        """The first run's key with this restart and rank (whatever its host), else (host, restart, rank)."""
+        return self._by_rank.get((restart, rank), (host, restart, rank))
+
+    def key_for(self, host: str, restart: int, rank: int | None) -> _RunKey:
+        """(host, restart, rank) when known, else the first run's key with this restart and rank, else new."""
+        key = (host, restart, rank)
+        return key if key in self else self._by_rank.get((restart, rank), key)
+
+
+class _Attempts:
+    """The job's attempts by span id and by (restart, host), so that finding a worker's attempt is one look-up."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.by_span: dict[str, Attempt] = {}
+        self.by_restart: dict[int, list[Attempt]] = collections.defaultdict(list)
+        self.by_host: dict[tuple[int, str], Attempt] = {}
+        for attempt in job.attempts:
+            self._index(attempt)
+
+    def _index(self, attempt: Attempt) -> None:
+        if attempt.span_id:
+            self.by_span.setdefault(attempt.span_id, attempt)
+        self.by_restart[attempt.restart].append(attempt)
+        self.by_host.setdefault((attempt.restart, attempt.host), attempt)
+
+    def of(self, run: WorkerRun) -> Attempt:
+        """The worker's attempt: the one its start span hangs under, else its node's of its restart, else the first
+        of its restart; else a new one (no attempt of that restart is known)."""
+        if run.parent_span and run.parent_span in self.by_span:
+            return self.by_span[run.parent_span]
+        same = self.by_restart.get(run.restart)
+        if same:
+            return self.by_host.get((run.restart, run.host), same[0])
+        job = self.job
+        attempt = Attempt(restart=run.restart, start=run.first_seen or job.start, end=run.last_seen or job.end,
+                          ended=False)  # fmt: skip
+        job.agents[0].attempts.append(attempt)
+        job.agents[0].attempts.sort(key=lambda a: a.restart)
+        self._index(attempt)
+        return attempt
+
+
 def _attach_workers(job: Job) -> None:
-    runs: dict[tuple[str, int, int | None], WorkerRun] = {}
+    runs = _Runs()
     by_proc: dict[Proc, WorkerRun] = {}  # every resource a worker's records came with (its output may have its own)
     for proc in {r.proc for r in job.logs} | {s.proc for s in job.spans} | {p.proc for p in job.points}:
         if proc.kind == "worker":
             key = (proc.host, proc.restart or 0, proc.rank)
-            run = runs.setdefault(key, WorkerRun(proc.rank, key[1], proc.host, proc.local_rank, proc.pid, proc))
+            run = runs.add(key, WorkerRun(proc.rank, key[1], proc.host, proc.local_rank, proc.pid, proc))
             by_proc[proc] = run
     _worker_records(job, runs, by_proc)
+    attempts = _Attempts(job)
     for failure in _failures(job):
-        key = (failure.host, failure.restart, failure.rank)
-        if key not in runs:
-            key = next((k for k in runs if k[1:] == key[1:]), key)  # the agent's host name may differ
-        run = runs.setdefault(key, WorkerRun(failure.rank, failure.restart, failure.host, failure.local_rank))
+        key = runs.key_for(failure.host, failure.restart, failure.rank)  # the agent's host name may differ
+        run = runs.add(key, WorkerRun(failure.rank, failure.restart, failure.host, failure.local_rank))
         _apply_failure(run, failure)
-        _attempt_for(job, run).failures.append(failure)
+        attempts.of(run).failures.append(failure)
     for run in sorted(runs.values(), key=lambda w: (w.restart, w.rank if w.rank is not None else -1)):
-        attempt = _attempt_for(job, run)
+        attempt = attempts.of(run)
         attempt.workers.append(run)
 
 
-def _worker_records(
-    job: Job, runs: dict[tuple[str, int, int | None], WorkerRun], by_proc: dict[Proc, WorkerRun]
-) -> None:
+def _worker_records(job: Job, runs: _Runs, by_proc: dict[Proc, WorkerRun]) -> None:
     """What each worker process recorded itself: its spans, exception, SIGTERM stack, output lines, time span."""
     for span in job.spans:
         run = by_proc.get(span.proc) or _delivered_by_agent(span, runs)
@@ -375,13 +450,13 @@ def _worker_records(
         elif rec.name == TERMINATED_EVENT:
             run.stack = as_str(rec.attrs.get(names.STACK))
             run.state = "terminated"
-        if IOSTREAM in rec.attrs:
+        if IOSTREAM in rec.attrs or _is_logging(rec):
             run.output.append(rec)
     for run in runs.values():
         run.output = sorted(run.output, key=lambda r: r.time)[-_MAX_OUTPUT_LINES:]
 
 
-def _delivered_by_agent(rec: LogRecord | Span, runs: dict[tuple[str, int, int | None], WorkerRun]) -> WorkerRun | None:
+def _delivered_by_agent(rec: LogRecord | Span, runs: _Runs) -> WorkerRun | None:
     """A worker's final record (or start span) its agent sent for it (``torchelastic.delivered_by``): it comes with
     the agent's resource, and names its worker by rank and restart in its attributes."""
     if rec.attrs.get(names.DELIVERED_BY) != "agent":
@@ -390,11 +465,11 @@ def _delivered_by_agent(rec: LogRecord | Span, runs: dict[tuple[str, int, int | 
     if rank is None:
         return None
     restart = as_int(rec.attrs.get(names.RESTART_COUNT)) or 0
-    key = next((k for k in runs if k[1:] == (restart, rank)), (rec.proc.host, restart, rank))
-    return runs.setdefault(key, WorkerRun(rank, restart, rec.proc.host, as_int(rec.attrs.get(names.LOCAL_RANK))))
+    key = runs.key_for_rank(rec.proc.host, restart, rank)
+    return runs.add(key, WorkerRun(rank, restart, rec.proc.host, as_int(rec.attrs.get(names.LOCAL_RANK))))
 
 
-def _agent_status(rec: LogRecord, runs: dict[tuple[str, int, int | None], WorkerRun]) -> None:
+def _agent_status(rec: LogRecord, runs: _Runs) -> None:
     """The agent's worker status events (START, SUCCEEDED, FAILED) name workers even without their own telemetry."""
     if not rec.name.startswith(names.WORKER_STATUS_PREFIX) or rec.attrs.get(names.SOURCE) != "WORKER":
         return
@@ -402,9 +477,9 @@ def _agent_status(rec: LogRecord, runs: dict[tuple[str, int, int | None], Worker
     restart = as_int(rec.attrs.get(names.AGENT_RESTARTS)) or 0
     if rank is None:
         return
-    key = next((k for k in runs if k[1:] == (restart, rank)), (rec.proc.host, restart, rank))
+    key = runs.key_for_rank(rec.proc.host, restart, rank)
     local_rank = as_int(rec.attrs.get(names.METADATA_LOCAL_RANK))
-    run = runs.setdefault(key, WorkerRun(rank, restart, rec.proc.host, local_rank))
+    run = runs.add(key, WorkerRun(rank, restart, rec.proc.host, local_rank))
     run.pid = run.pid or as_int(rec.attrs.get(names.WORKER_ID))
     if rec.name.endswith(".SUCCEEDED") and run.state == "unknown":
         run.state = "succeeded"
@@ -455,27 +530,10 @@ def _apply_failure(run: WorkerRun, failure: Failure) -> None:
         run.stacktrace = failure.stacktrace
 
 
-def _attempt_for(job: Job, run: WorkerRun) -> Attempt:
-    attempts = job.attempts
-    for attempt in attempts:
-        if run.parent_span and attempt.span_id == run.parent_span:
-            return attempt
-    same_restart = [a for a in attempts if a.restart == run.restart]
-    for attempt in same_restart:
-        if attempt.host == run.host:
-            return attempt
-    if same_restart:
-        return same_restart[0]
-    attempt = Attempt(restart=run.restart, start=run.first_seen or job.start, end=run.last_seen or job.end, ended=False)
-    job.agents[0].attempts.append(attempt)
-    job.agents[0].attempts.sort(key=lambda a: a.restart)
-    return attempt
-
-
 # ---- attempts: times, states, root cause ----------------------------------------------------------------------
 
 
-def _finish_attempt(job: Job, attempt: Attempt) -> None:
+def _finish_attempt(job: Job, attempt: Attempt, verdicts: _Verdicts) -> None:
     for run in attempt.workers:
         run.start = run.start or run.first_seen or attempt.start
         if run.state in ("failed", "terminated") and run.end:
@@ -492,7 +550,7 @@ def _finish_attempt(job: Job, attempt: Attempt) -> None:
     attempt.failed = attempt.failed or any(w.state == "failed" for w in attempt.workers)
     if not attempt.ended and attempt.workers and all(w.state in _FINAL for w in attempt.workers):
         attempt.ended = True  # no attempt span (no traces), but every worker's end is known
-    attempt.root_cause = _root_cause_record(job, attempt) or _derived_root_cause(attempt)
+    attempt.root_cause = verdicts.of(attempt) or _derived_root_cause(attempt)
     if attempt.root_cause is not None:
         cause = attempt.root_cause
         for run in attempt.workers:
@@ -503,6 +561,12 @@ def _finish_attempt(job: Job, attempt: Attempt) -> None:
                 cause.output = output_lines(run, cause.stacktrace)
 
 
+def _is_logging(rec: LogRecord) -> bool:
+    """A worker's Python ``logging`` record (OpenTelemetry's handler gives it ``code.*``; events have a name): the
+    line a console handler printed is this record, not an output line (``worker.log_records``)."""
+    return not rec.event_name and "code.function.name" in rec.attrs
+
+
 def output_lines(run: WorkerRun, stacktrace: str = "") -> list[str]:
     """The worker's last output lines (``[stdout] ...``), less those repeating its traceback, shown beside it."""
     shown = set(line.strip() for line in (stacktrace or run.stacktrace).splitlines())
@@ -511,7 +575,7 @@ def output_lines(run: WorkerRun, stacktrace: str = "") -> list[str]:
         text = str(rec.body)
         bare = text.split("]: ", 1)[1] if text.startswith("[rank") and "]: " in text else text  # torchrun's prefix
         if bare.strip() and bare.strip() not in shown:
-            lines.append(f"[{rec.attrs.get(IOSTREAM)}] {text}")
+            lines.append(f"[{rec.attrs.get(IOSTREAM) or rec.severity_text or 'log'}] {text}")
     return lines
 
 
@@ -519,19 +583,39 @@ _RC = names.ROOT_CAUSE_PREFIX
 _FINAL = ("succeeded", "failed", "terminated")
 
 
-def _root_cause_record(job: Job, attempt: Attempt) -> RootCause | None:
-    """The agent's own verdict: a ``torchelastic.root_cause`` record, or its attributes on the attempt span."""
-    records = [
-        r for r in job.logs
-        if r.name == ROOT_CAUSE_EVENT and (as_int(r.attrs.get(names.RESTART_COUNT)) or 0) == attempt.restart
-    ]  # fmt: skip
-    records.sort(key=lambda r: r.proc.host != attempt.host)  # this agent's own verdict first
-    if records:
-        return _from_root_cause_attrs(records[0].attrs, attempt, records[0].time, records[0].proc.host)
-    for span in job.spans:
-        if span.span_id == attempt.span_id and _RC + "rank" in span.attrs:
+class _Verdicts:
+    """The agents' own verdicts, gathered once per job: ``torchelastic.root_cause`` records by restart count and
+    spans carrying the root-cause attributes by span id (looking them up per attempt was a scan of every record).
+
+    On several nodes each agent whose workers failed records its own verdict; the attempt's is the one that failed
+    first (by the time the record names), this agent's own on a tie, so that every agent's attempt tells the same
+    first failure."""
+
+    def __init__(self, job: Job) -> None:
+        self.records: dict[int, list[LogRecord]] = collections.defaultdict(list)
+        for rec in job.logs:
+            if rec.name == ROOT_CAUSE_EVENT:
+                self.records[as_int(rec.attrs.get(names.RESTART_COUNT)) or 0].append(rec)
+        self.spans: dict[str, Span] = {}
+        for span in job.spans:
+            if _RC + "rank" in span.attrs:
+                self.spans.setdefault(span.span_id, span)
+
+    def of(self, attempt: Attempt) -> RootCause | None:
+        """The agents' verdict on ``attempt``: a ``torchelastic.root_cause`` record, or the root-cause attributes on
+        the attempt span."""
+        records = self.records.get(attempt.restart)
+        if records:
+            rec = records[0] if len(records) == 1 else min(records, key=lambda r: _verdict_order(r, attempt.host))
+            return _from_root_cause_attrs(rec.attrs, attempt, rec.time, rec.proc.host)
+        span = self.spans.get(attempt.span_id)
+        if span is not None:
             return _from_root_cause_attrs(span.attrs, attempt, span.end, span.proc.host)
-    return None
+        return None
+
+
+def _verdict_order(rec: LogRecord, host: str) -> tuple[int, bool]:
+    return (as_int(rec.attrs.get(_RC + "time_unix_nano")) or rec.time, rec.proc.host != host)
 
 
 def _from_root_cause_attrs(attrs: dict[str, Any], attempt: Attempt, time: int, host: str) -> RootCause:

@@ -1,5 +1,8 @@
-"""The report as text for a terminal: outcome and verdict, timeline, where the time went, root cause and restarts,
-training (stragglers, step phases, stalls), trace tree, metric table.
+"""The report as text for a terminal: outcome (counts, hosts) and verdict, root cause and restarts, the deviating
+nodes, timeline, where the time went, training (stragglers, step phases, stalls), trace tree, metric table.
+
+What went wrong comes first: the root cause and the deviating nodes fit the first screen whatever the job's size.
+The timeline shows the deviating nodes' ranks and folds the healthy nodes into one line per attempt (``nodes``).
 
 Plain text (colour only on a terminal that wants it: not with ``NO_COLOR``), at most ``width`` columns in the
 timeline and tables; long tracebacks keep their last lines, which say where it failed.
@@ -14,7 +17,9 @@ from typing import IO
 
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import goodput as goodput_mod
+from torchelastic_otel.report import hosts as hosts_mod
 from torchelastic_otel.report import metrics as metrics_mod
+from torchelastic_otel.report import nodes as nodes_mod
 from torchelastic_otel.report import timeline, training, tree
 from torchelastic_otel.report.model import Attempt, Job, RootCause
 from torchelastic_otel.report.records import Problems, Telemetry
@@ -49,7 +54,7 @@ class Text:
 
 def render(tel: Telemetry, jobs: list[Job], width: int = 100, color: bool = False) -> str:
     out = Text(color)
-    out.add(f"read {len(tel.files)} file(s): {len(tel.spans):,} spans, {len(tel.logs):,} log records, "
+    out.add(f"read {len(tel.files):,} file(s): {len(tel.spans):,} spans, {len(tel.logs):,} log records, "
             f"{len(tel.points):,} metric points")  # fmt: skip
     for job in jobs:
         _job(out, tel, job, width)
@@ -57,27 +62,29 @@ def render(tel: Telemetry, jobs: list[Job], width: int = 100, color: bool = Fals
     return "\n".join(out.lines)
 
 
-def outcome_line(job: Job) -> str:
+def outcome_line(job: Job, counts: hosts_mod.Counts | None = None) -> str:
+    """``run r: FAILED after 1 restart -- 32 ranks, 2 attempts, 16 nodes, 1 failure, 41.2 s, 16 agents``."""
+    counts = counts or hosts_mod.counts(job)
     restarts = job.restart_count
     after = f" after {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""
-    hosts = sorted({a.host for a in job.agents if a.host})
     seconds = (job.end - job.start) / 1e9
-    on = f" on {', '.join(hosts)}" if hosts else ""
-    return (
-        f"run {job.run_id or '(no run id)'}: {job.outcome}{after} -- {len(job.ranks)} ranks, "
-        f"{len(job.attempts)} attempts, {seconds:.1f} s, {len(job.agents)} agent(s){on}"
-    )
+    return (f"run {job.run_id or '(no run id)'}: {job.outcome}{after} -- {counts.text}, {seconds:.1f} s, "
+            f"{hosts_mod.plural(counts.agents, 'agent')}")  # fmt: skip
 
 
 def _job(out: Text, tel: Telemetry, job: Job, width: int) -> None:
     code = _GREEN if job.outcome == "SUCCEEDED" else _RED if job.outcome == "FAILED" else _YELLOW
-    out.heading(out.paint(outcome_line(job), code))
     found = training.analyze(job)
+    view = nodes_mod.overview(job, found)
+    out.heading(out.paint(outcome_line(job, view.counts), code))
+    if view.hosts:
+        out.add(f"hosts: {view.hosts}")
     assessment = goodput_mod.assess(job, found)
     _verdict(out, assessment)
-    _timeline(out, job, width)
-    _where_the_time_went(out, assessment.goodput, width)
     _root_causes(out, job)
+    _deviating(out, view)
+    _timeline(out, job, view, width)
+    _where_the_time_went(out, assessment.goodput, width)
     _training(out, job, found)
     out.heading("TRACE")
     for line in tree.render(job.spans, max_lines=80):
@@ -85,12 +92,35 @@ def _job(out: Text, tel: Telemetry, job: Job, width: int) -> None:
     _metrics(out, job, width)
 
 
+_MAX_NODES = 12  # deviating nodes listed in the first screen
+_MAX_NOTES = 4  # lines per deviating node
+
+
+def _deviating(out: Text, view: nodes_mod.Overview) -> None:
+    """The nodes that deviate, what each of their ranks did; the healthy ones counted."""
+    if not view.deviating:
+        return
+    total = len(view.deviating) + len(view.healthy)
+    out.heading(f"DEVIATING NODES  ({len(view.deviating):,} of {total:,}; "
+                f"{hosts_mod.plural(len(view.healthy), 'healthy node')})")  # fmt: skip
+    for node in view.deviating[:_MAX_NODES]:
+        out.add(out.paint(f"{node.host or '(no host)'}  {', '.join(node.reasons)}: "
+                          f"{hosts_mod.rank_list(node.deviating_ranks)}", _RED))  # fmt: skip
+        for note in node.notes[:_MAX_NOTES]:
+            out.add("  " + textwrap.shorten(note, 160, placeholder="..."))
+        if len(node.notes) > _MAX_NOTES:
+            out.add(f"  ... {len(node.notes) - _MAX_NOTES} more")
+    if len(view.deviating) > _MAX_NODES:
+        rest = view.deviating[_MAX_NODES:]
+        out.add(f"... {len(rest):,} more deviating nodes: {hosts_mod.summarize(n.host for n in rest)}")
+
+
 # ---- timeline --------------------------------------------------------------------------------------------------
 
 
-def _timeline(out: Text, job: Job, width: int) -> None:
-    rows, left_out = timeline.rows(job, max_rows=48)
-    if not rows or job.end <= job.start:
+def _timeline(out: Text, job: Job, view: nodes_mod.Overview, width: int) -> None:
+    layout = timeline.grouped(job, view, max_rows=48, max_open=4, max_groups=4, max_healthy=0)
+    if not (layout.groups or layout.bands) or job.end <= job.start:
         return
     plot = max(30, width - _LABEL - 1)
     span = job.end - job.start
@@ -98,22 +128,38 @@ def _timeline(out: Text, job: Job, width: int) -> None:
     def col(t: int) -> int:
         return min(plot - 1, max(0, int((t - job.start) * (plot - 1) / span)))
 
-    out.heading(f"TIMELINE  (one column = {span / 1e9 / plot:.2f} s)")
+    out.heading(f"TIMELINE  (one column = {span / 1e9 / plot:.2f} s; times UTC)")
     out.add(" " * _LABEL + _axis(plot, span))
-    for row in rows:
-        cells = [" "] * plot
-        paint: dict[int, str] = {}
-        for bar in row.bars:
-            _draw(cells, paint, bar, col)
-        for mark in row.marks:
-            at = col(mark.time)
-            cells[at] = mark.label[0]
-            paint[at] = _YELLOW if mark.cls in ("restart", "terminated") else _RED
-        line = "".join(out.paint(c, paint[i]) if i in paint else c for i, c in enumerate(cells))
-        out.add(f"{row.label[: _LABEL - 1]:<{_LABEL}}{line.rstrip()}")
-    if left_out:
-        out.add(f"... {left_out} more rows")
+    for group in layout.groups:
+        if len(layout.groups) > 1 or layout.bands:
+            out.add(out.paint(f"▾ {group.summary}", _RED if group.deviating else _DIM))
+        for row in group.rows:
+            _row(out, row, plot, col)
+    if layout.rows_left_out:
+        out.add(f"... {layout.rows_left_out} more rows")
+    if layout.deviating_left_out:
+        out.add(f"... {layout.deviating_left_out:,} more deviating nodes (listed above)")
+    if layout.bands:
+        out.add(out.paint(f"▸ {hosts_mod.plural(len(view.healthy), 'healthy node')}, folded: "
+                          f"{hosts_mod.summarize(n.host for n in view.healthy)}", _DIM))  # fmt: skip
+        for row in layout.bands:
+            _row(out, row, plot, col)
+        for band in view.bands:
+            out.add("  " + band.text())
     out.add(out.paint("  █ ran  ▓ failed  ✗ root cause  ░ stopped by the agent  ↻ restart  |attempt|", _DIM))
+
+
+def _row(out: Text, row: timeline.Row, plot: int, col: Callable[[int], int]) -> None:
+    cells = [" "] * plot
+    paint: dict[int, str] = {}
+    for bar in row.bars:
+        _draw(cells, paint, bar, col)
+    for mark in row.marks:
+        at = col(mark.time)
+        cells[at] = mark.label[0]
+        paint[at] = _YELLOW if mark.cls in ("restart", "terminated") else _RED
+    line = "".join(out.paint(c, paint[i]) if i in paint else c for i, c in enumerate(cells))
+    out.add(f"{row.label[: _LABEL - 1]:<{_LABEL}}{line.rstrip()}")
 
 
 def _axis(plot: int, span: int) -> str:
@@ -128,7 +174,7 @@ def _axis(plot: int, span: int) -> str:
 
 def _draw(cells: list[str], paint: dict[int, str], bar: timeline.Bar, col: Callable[[int], int]) -> None:
     first, last = col(bar.start), col(bar.end)
-    if bar.cls.startswith("attempt"):
+    if bar.cls.startswith(("attempt", "band")):
         for i in range(first, last + 1):
             cells[i] = "─"
         cells[first] = "|"
@@ -137,6 +183,9 @@ def _draw(cells: list[str], paint: dict[int, str], bar: timeline.Bar, col: Calla
         if "failed" in bar.cls:
             for i in range(first, last + 1):
                 paint[i] = _RED
+        elif bar.cls.startswith("band"):
+            for i in range(first, last + 1):
+                paint[i] = _GREEN
         return
     state = bar.data.get("state", "unknown")
     for i in range(first, last + 1):
@@ -227,10 +276,11 @@ def _where_the_time_went(out: Text, found: goodput_mod.Goodput, width: int) -> N
 
 
 def _root_causes(out: Text, job: Job) -> None:
-    failed = [a for a in job.attempts if a.failed]
+    failed = hosts_mod.failed_attempts(job)
     if not failed and not job.restarts:
         return
     out.heading("ROOT CAUSE" if failed else "RESTARTS")
+    restarts = hosts_mod.restarts(job)
     for attempt in failed:
         cause = attempt.root_cause
         if cause is None:
@@ -238,22 +288,25 @@ def _root_causes(out: Text, job: Job) -> None:
             continue
         out.add(out.paint(f"attempt {attempt.restart}: {cause.headline}", _RED))
         _cause_details(out, cause)
-        for restart in job.restarts:
+        for restart, agents in restarts:
             if restart.restart == attempt.restart + 1:
                 following = [a for a in job.attempts if a.restart == restart.restart]
-                result = f" -> {_how_it_went(following[0])}" if following else ""
+                result = f" -> {_how_it_went(following)}" if following else ""
+                on = f" on {hosts_mod.plural(agents, 'agent')}" if agents > 1 else ""
                 out.add(f"  ↻ restart {restart.restart} at {timeline.seconds(job, restart.time)} "
-                        f"(reason: {restart.reason or '?'}): attempt {restart.restart}{result}")  # fmt: skip
+                        f"(reason: {restart.reason or '?'}){on}: attempt {restart.restart}{result}")  # fmt: skip
 
 
-def _how_it_went(attempt: Attempt) -> str:
-    return "failed" if attempt.failed else "succeeded" if attempt.ended else "running"
+def _how_it_went(attempts: list[Attempt]) -> str:
+    """How an attempt went on every node: failed if it failed on any, running if it has not ended on all."""
+    if any(a.failed for a in attempts):
+        return "failed"
+    return "succeeded" if all(a.ended for a in attempts) else "running"
 
 
 def _cause_details(out: Text, cause: RootCause) -> None:
     if cause.consequences:
-        out.add(f"  then failed or stopped: rank{'s' if len(cause.consequences) > 1 else ''} "
-                f"{', '.join(map(str, cause.consequences))}")  # fmt: skip
+        out.add(f"  then failed or stopped: {hosts_mod.rank_list(cause.consequences)}")
     if cause.source == "derived":
         out.add(out.paint("  (chosen from the agent's failure records: the first rank not stopped by the agent)", _DIM))
     trace = cause.stacktrace.rstrip().splitlines()
@@ -288,6 +341,19 @@ def _training(out: Text, job: Job, found: training.Training) -> None:
         _stalls(out, job, found.stalls)
 
 
+MAX_TABLE_RANKS = 32
+
+
+def table_ranks(found: training.Training, limit: int = MAX_TABLE_RANKS) -> tuple[list[training.RankSteps], int]:
+    """The rows of a per-rank table: every rank when they fit, else the stragglers and then the slowest arrivals
+    (in table order), and how many were left out."""
+    if len(found.ranks) <= limit:
+        return found.ranks, 0
+    keep = sorted(found.ranks, key=lambda r: (not r.straggler, -(r.ratio or 0.0)))[:limit]
+    chosen = {id(r) for r in keep}
+    return [r for r in found.ranks if id(r) in chosen], len(found.ranks) - limit
+
+
 def _ms(seconds: float | None) -> str:
     return "" if seconds is None else f"{seconds * 1000:,.1f} ms"
 
@@ -302,11 +368,14 @@ def _stragglers(out: Text, found: training.Training) -> None:
         out.add("no straggler: every rank arrives within "
                 f"{training.STRAGGLER_RATIO}x of the median rank")  # fmt: skip
     out.add(f"{'attempt':>7} {'rank':>5}  {'host':<16}{'arrival':>12}{'ratio':>8}{'step time':>12}{'steps':>8}")
-    for rank in found.ranks:
+    shown, left_out = table_ranks(found)
+    for rank in shown:
         ratio = f"{rank.ratio:.2f}" if rank.ratio is not None else ""
         line = (f"{rank.restart:>7} {rank.rank:>5}  {rank.host[:15]:<16}{_ms(rank.arrival):>12}{ratio:>8}"
                 f"{_ms(rank.step):>12}{rank.steps:>8}")  # fmt: skip
         out.add(out.paint(line + "  <- straggler", _RED) if rank.straggler else line)
+    if left_out:
+        out.add(f"... {left_out:,} more ranks within {training.STRAGGLER_RATIO}x of the median (see --json)")
     out.add(out.paint("  step time is the same on every rank of a synchronous job: the fast ranks wait for the slow "
                       "one inside the collective", _DIM))  # fmt: skip
 
@@ -315,9 +384,12 @@ def _phases(out: Text, found: training.Training) -> None:
     out.heading(f"STEP PHASES  (each rank's median per step, of {names.WORKER_STEP_PHASE_DURATION})")
     cell = 11
     out.add(f"{'attempt':>7} {'rank':>5}" + "".join(f"{_PHASE_LABELS[p]:>{cell}}" for p in goodput_mod.PHASES))
-    for rank in found.ranks:
+    shown, left_out = table_ranks(found)
+    for rank in shown:
         out.add(f"{rank.restart:>7} {rank.rank:>5}" + "".join(f"{_ms(rank.phases.get(p)):>{cell}}"
                                                               for p in goodput_mod.PHASES))  # fmt: skip
+    if left_out:
+        out.add(f"... {left_out:,} more ranks (see --json)")
 
 
 _PHASE_LABELS = {"input": "input", "forward": "forward", "backward": "backward", "optimizer": "optimizer",

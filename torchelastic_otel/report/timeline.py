@@ -7,6 +7,10 @@
 
 Sizes are bounded whatever the input: at most ``max_rows`` rows, and the thin bars of a row are merged into at
 most a share of ``max_spans`` (``N spans``) when there are more.
+
+:func:`grouped` is the timeline at scale: the rows of each deviating node (``nodes``) as a group, first, then a
+band per attempt for all the healthy nodes together, then (folded, for who wants to look) the rows of a few
+healthy nodes. Rows are built only for the nodes shown, so 1,024 nodes cost what a few do.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchelastic_otel.report import hosts as hosts_mod
 from torchelastic_otel.report.model import Agent, Attempt, Job, WorkerRun
+from torchelastic_otel.report.nodes import Band, Node, Overview
 from torchelastic_otel.report.records import Span
 
 
@@ -64,6 +70,91 @@ def rows(job: Job, max_rows: int = 256, max_spans: int = 3000) -> tuple[list[Row
     for row in out:
         row.spans = _bounded(row.spans, per_row)
     return out, left_out
+
+
+@dataclass
+class Group:
+    """The rows of one node: its agent's row, then a row per rank."""
+
+    host: str
+    deviating: bool
+    open: bool
+    summary: str  # what the folded group says: ``node0003 -- ranks 6, 7 -- root cause: rank 7 ...``
+    rows: list[Row]
+    node: Node
+
+
+@dataclass
+class Grouped:
+    groups: list[Group]  # deviating nodes first, then the healthy nodes shown one by one (folded)
+    bands: list[Row]  # one row per attempt: all the healthy nodes together
+    deviating_left_out: int  # deviating nodes beyond the limit (named in the summary, no rows)
+    healthy_left_out: int  # healthy nodes in the bands only
+    rows_left_out: int  # rows cut from the groups shown (a node with more ranks than the limit)
+
+
+def grouped(
+    job: Job,
+    found: Overview,
+    max_rows: int = 256,
+    max_spans: int = 3000,
+    max_open: int = 8,
+    max_groups: int = 32,
+    max_healthy: int = 8,
+) -> Grouped:
+    """The timeline by node (see the module's docstring): at most ``max_groups`` deviating nodes with rows, the
+    first ``max_open`` of them open; at most ``max_healthy`` healthy nodes with rows, folded (open only when the job
+    is one node: nothing to fold); at most ``max_rows`` rows in all."""
+    agents: dict[str, list[Agent]] = collections.defaultdict(list)
+    for agent in job.agents:
+        agents[agent.host].append(agent)
+    if len(agents) == 1 and len(found.deviating) + len(found.healthy) == 1:  # one node, maybe named only by workers
+        only = found.deviating[0] if found.deviating else found.healthy[0]
+        agents = {only.host: next(iter(agents.values()))}
+    shown = [(n, True) for n in found.deviating[:max_groups]] + [(n, False) for n in found.healthy[:max_healthy]]
+    single = len(found.deviating) + len(found.healthy) == 1
+    groups, budget, cut = [], max_rows, 0
+    for i, (node, deviating) in enumerate(shown):
+        rows: list[Row] = []
+        for agent in agents.get(node.host, []):
+            rows.append(_agent_row(job, agent))
+            rows.extend(_rank_rows(job, agent))
+        if not rows:
+            continue
+        cut += max(0, len(rows) - budget)
+        rows = rows[: max(0, budget)]
+        budget -= len(rows)
+        is_open = (deviating and i < max_open) or single
+        groups.append(Group(node.host, deviating, is_open, _group_summary(node), rows, node))
+    per_row = max(8, max_spans // max(1, sum(len(g.rows) for g in groups)))
+    for group in groups:
+        for row in group.rows:
+            row.spans = _bounded(row.spans, per_row)
+    bands = [_band_row(job, band) for band in found.bands] if found.healthy and not single else []
+    return Grouped(
+        groups=groups,
+        bands=bands,
+        deviating_left_out=max(0, len(found.deviating) - max_groups),
+        healthy_left_out=max(0, len(found.healthy) - max_healthy),
+        rows_left_out=cut,
+    )
+
+
+def _group_summary(node: Node) -> str:
+    ranks = hosts_mod.rank_list(node.ranks) if node.ranks else "no ranks"
+    if not node.deviating:
+        return f"{node.host or '(no host)'}: {ranks}, healthy"
+    flagged = hosts_mod.rank_list(node.deviating_ranks)
+    return f"{node.host or '(no host)'}: {ranks}; {', '.join(node.reasons)}: {flagged}"
+
+
+def _band_row(job: Job, band: Band) -> Row:
+    state = "stopped" if set(band.states) <= {"terminated", "stopped"} and band.states else "ok"
+    label = f"{band.nodes:,} healthy"
+    row = Row(f"band:{band.restart}", label, "band")
+    row.bars.append(Bar(band.start, max(band.end, band.start), f"band {state}", f"attempt {band.restart}",
+                        band.text(), {"attempt": band.restart, "nodes": band.nodes}))  # fmt: skip
+    return row
 
 
 def _agent_row(job: Job, agent: Agent) -> Row:

@@ -29,6 +29,7 @@ from typing import Any
 
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import goodput as goodput_mod
+from torchelastic_otel.report import hosts as hosts_mod
 from torchelastic_otel.report.model import (
     EXCEPTION_EVENT,
     TERMINATED_EVENT,
@@ -116,7 +117,7 @@ def analyze(job: Job) -> Training:
 def _worker_points(job: Job, name: str) -> dict[tuple[int, int], list[Point]]:
     """The points of ``name`` per (restart, rank), from the workers' own processes."""
     out: dict[tuple[int, int], list[Point]] = collections.defaultdict(list)
-    for point in job.points:
+    for point in job.named(name):
         proc = point.proc
         if point.name == name and proc.kind == "worker" and proc.rank is not None and point.count:
             out[(proc.restart or 0, proc.rank)].append(point)
@@ -131,7 +132,7 @@ def _last(points: list[Point]) -> Point:
 def _rank_steps(job: Job) -> list[RankSteps]:
     arrivals = _worker_points(job, ARRIVAL)
     durations = _worker_points(job, DURATION)
-    hosts = {(p.proc.restart or 0, p.proc.rank): p.proc.host for p in job.points if p.proc.kind == "worker"}
+    hosts = {(p.restart or 0, p.rank): p.host for p in job.point_procs() if p.kind == "worker"}
     phases = goodput_mod.phases(job)
     out = []
     for key in sorted(set(arrivals) | set(durations) | set(phases)):
@@ -247,10 +248,11 @@ def _run_summary(job: Job) -> dict[str, Any]:
     training = analyze(job)
     found = goodput_mod.assess(job, training)
     gp = found.goodput
+    counts = hosts_mod.counts(job)
     causes = []
-    for attempt in job.attempts:
+    for attempt in hosts_mod.failed_attempts(job):  # one per restart count, not one per agent
         cause = attempt.root_cause
-        if attempt.failed and cause is not None:
+        if cause is not None:
             causes.append({
                 "attempt": attempt.restart, "rank": cause.rank, "local_rank": cause.local_rank, "host": cause.host,
                 "exit_code": cause.exit_code, "signal": cause.signal or None,
@@ -266,6 +268,9 @@ def _run_summary(job: Job) -> dict[str, Any]:
         "ranks": job.ranks,
         "attempts": len({a.restart for a in job.attempts}),  # an attempt of a job on several nodes: one per agent
         "agents": len(job.agents),
+        "nodes": counts.nodes,  # hosts.counts: the terminal and HTML state the same counts
+        "failures": counts.failures,
+        "hosts": hosts_mod.summarize(hosts_mod.node_hosts(job)),
         "root_cause": causes[-1] if causes else None,
         "root_causes": causes,
         "restarts": [{"restart": r.restart, "reason": r.reason or None, "time": _iso(r.time), "host": r.host}
