@@ -218,3 +218,47 @@ def test_the_file_exporter_writes_one_file_per_process_and_signal(tmp_path: Path
     to_stdout = subprocess.run([sys.executable, "-c", "import torchelastic_otel._install as i; i.install(); " + script],
                                env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert to_stdout.returncode == 0 and '"resourceSpans"' in to_stdout.stdout
+
+
+# ---- reading on two CPUs ------------------------------------------------------------------------------------------
+
+
+def _summary(tel: otlpjson.Telemetry) -> tuple[object, ...]:
+    return (tel.spans, tel.logs, tel.points, sorted(tel.files), tel.lines, dict(tel.problems.counts))
+
+
+@pytest.mark.jobs  # it forks the reading helper
+def test_reading_on_two_cpus_reads_what_one_reads(job_files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs over ``PARALLEL_BYTES`` are half read by a forked helper: the same records, in file order, the same
+    skipped lines counted (a bad line in the helper's half), as one process reading them all. A fork that fails,
+    and a helper that dies, leave the main process reading its files itself."""
+    files = otlpjson.find_files([job_files])
+    assert len(files) >= 2
+    with files[-1].open("a") as out:  # the helper's half: the last file is past the middle
+        out.write('{"resourceSpans": [\n')
+    alone = _summary(otlpjson.read([job_files]))
+    assert alone[-1], "the cut line is counted"
+    monkeypatch.setattr(otlpjson, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(otlpjson, "_parallel_worth", lambda files: len(files) > 1)
+    started: list[object] = []
+    start = otlpjson._Helper.start
+    monkeypatch.setattr(otlpjson._Helper, "start", lambda files: started.append(start(files)) or started[-1])
+    merged: list[bool] = []
+    merge = otlpjson._Helper.merge_into
+    monkeypatch.setattr(otlpjson._Helper, "merge_into", lambda self, r: merged.append(merge(self, r)) or merged[-1])
+    assert _summary(otlpjson.read([job_files])) == alone
+    assert started and started[0] is not None and merged == [True], "the helper read half of the files"
+
+    def no_fork() -> int:
+        raise OSError("no fork here")
+
+    with monkeypatch.context() as m:
+        m.setattr(otlpjson.os, "fork", no_fork)
+        assert _summary(otlpjson.read([job_files])) == alone
+
+    def helper_dies(files: list[Path], out: object) -> None:
+        raise RuntimeError("the helper died")
+
+    with monkeypatch.context() as m:
+        m.setattr(otlpjson, "_read_into", helper_dies)
+        assert _summary(otlpjson.read([job_files])) == alone
