@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
+    "logs_exporters",
     "AUTO_INSTALL",
     "COLLECTIVES_INTERVAL",
     "DOWN_WAIT_MILLIS",
@@ -227,6 +228,16 @@ OUTPUT_READER = _setting(Setting(
 def sdk_disabled() -> bool:
     """``OTEL_SDK_DISABLED`` as the specification reads it (case-insensitive ``true``)."""
     return os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
+def logs_exporters() -> set[str]:
+    """The log exporters ``OTEL_LOGS_EXPORTER`` names (lower case; ``otlp`` when unset) -- what the worker's output
+    capture and logging records ask before they start. With ``OTEL_CONFIG_FILE`` the file configures the exporters
+    and ``OTEL_LOGS_EXPORTER`` is ignored (the specification): ``{"config_file"}``, without parsing the file at a
+    worker's start-up (the agent checked it)."""
+    if os.environ.get("OTEL_CONFIG_FILE", "").strip():
+        return {"config_file"}
+    return {name.strip().lower() for name in os.environ.get("OTEL_LOGS_EXPORTER", "otlp").split(",")} - {""}
 
 
 #: :data:`EXIT_TIMEOUT` as this process started (the exit paths' bound is fixed for a process's life).

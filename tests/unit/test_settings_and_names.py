@@ -90,3 +90,19 @@ def test_flags_read_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
         assert _settings.WORKER_OUTPUT.get() is expected, raw
     monkeypatch.delenv(_settings.WORKER_OUTPUT.name)
     assert _settings.WORKER_OUTPUT.get() is True
+
+
+def test_with_a_configuration_file_the_logs_exporter_variable_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker output capture and logging records ask ``logs_exporters()`` before they start: ``OTEL_LOGS_EXPORTER``
+    without ``OTEL_CONFIG_FILE``, the file (never parsed at a worker's start-up) with it, as the specification says."""
+    from torchelastic_otel import _settings
+
+    monkeypatch.delenv("OTEL_CONFIG_FILE", raising=False)
+    monkeypatch.delenv("OTEL_LOGS_EXPORTER", raising=False)
+    assert _settings.logs_exporters() == {"otlp"}
+    monkeypatch.setenv("OTEL_LOGS_EXPORTER", " Console, none ,")
+    assert _settings.logs_exporters() == {"console", "none"}
+    monkeypatch.setenv("OTEL_LOGS_EXPORTER", "none")
+    assert _settings.logs_exporters() == {"none"}
+    monkeypatch.setenv("OTEL_CONFIG_FILE", "/nonexistent/otel.yaml")
+    assert _settings.logs_exporters() == {"config_file"}

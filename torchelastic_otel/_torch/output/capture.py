@@ -92,14 +92,13 @@ def capturing() -> bool:
 def wanted() -> bool:
     """A torchrun worker, capture not turned off, not captured by a parent already, and log records exported
     somewhere but the console (records of console lines printed to the console would be the console twice)."""
-    env = os.environ
-    exporters = {name.strip().lower() for name in env.get("OTEL_LOGS_EXPORTER", "otlp").split(",")}
+    exporters = _settings.logs_exporters()
     return (
         is_torchrun_worker()
         and _settings.WORKER_OUTPUT.get()
         and not _settings.OUTPUT_READER.get()
         and not sdk_disabled()
-        and bool(exporters - {"", "none", "console"})
+        and bool(exporters - {"none", "console"})
         and hasattr(os, "fork")
     )
 

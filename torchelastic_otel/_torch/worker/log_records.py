@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -60,7 +59,7 @@ _logger = logging.getLogger("torchelastic_otel")
 
 def enabled() -> bool:
     """Not turned off, and log records are exported at all."""
-    return _settings.WORKER_LOGGING.get() and os.environ.get("OTEL_LOGS_EXPORTER", "otlp").strip().lower() != "none"
+    return _settings.WORKER_LOGGING.get() and _settings.logs_exporters() != {"none"}
 
 
 def install(patches: Any, default_context: Callable[[], Any]) -> None:
