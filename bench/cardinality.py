@@ -382,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.paths:
         files = metric_files(args.paths)
     else:
-        workdir = args.keep or Path(tempfile.mkdtemp(prefix="cardinality-"))
+        # absolute: the job runs in the repository's root (its worker's imports), not where this was started
+        workdir = (args.keep or Path(tempfile.mkdtemp(prefix="cardinality-"))).resolve()
         files = metric_files([run_job(workdir, args.ranks, args.steps, args.fail_once_rank)])
     processes = read_processes(files)
     if not processes:
