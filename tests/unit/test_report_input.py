@@ -262,3 +262,73 @@ def test_reading_on_two_cpus_reads_what_one_reads(job_files: Path, monkeypatch: 
     with monkeypatch.context() as m:
         m.setattr(otlpjson, "_read_into", helper_dies)
         assert _summary(otlpjson.read([job_files])) == alone
+
+
+# ---- reading fast: a resource read once ---------------------------------------------------------------------------
+
+
+def _fresh(lines: list[str]) -> tuple[object, ...]:
+    """What readers without any history make of each line, one reader a line, the records concatenated."""
+    tels = []
+    for line in lines:
+        reader = otlpjson.Reader()
+        reader.read_line(line, "x")
+        tels.append(reader.telemetry)
+    return (
+        [s for t in tels for s in t.spans],
+        [r for t in tels for r in t.logs],
+        [p for t in tels for p in t.points],
+        sum((t.problems.counts for t in tels), start=otlpjson.Telemetry().problems.counts),
+    )
+
+
+def test_a_repeated_resource_is_parsed_once_and_read_the_same(job_files: Path) -> None:
+    """A line that begins with the very text of the last line's resource has that text cut out and its process
+    taken from the last line. Every line reads as it reads alone: a line naming its signal twice (JSON keeps the
+    second), a second block with another resource, a different resource, a line cut short after the resource, a
+    line of another signal in between."""
+    lines = [line + "\n" for path in sorted(job_files.iterdir()) for line in path.read_text().splitlines()]
+    span_line = next(line for line in lines if line.startswith('{"resourceSpans":[{"resource":'))
+    doc = json.loads(span_line)
+    block = doc["resourceSpans"][0]
+    other = {**block, "resource": {"attributes": [{"key": "host.name", "value": {"stringValue": "elsewhere"}}]}}
+    compact = {"separators": (",", ":")}
+    twice = span_line.rstrip("\n")[:-1] + ',"resourceSpans":' + json.dumps([other], **compact) + "}\n"
+    two_blocks = json.dumps({"resourceSpans": [block, other]}, **compact) + "\n"
+    cut_short = span_line[: span_line.index('"scopeSpans"') + 20]
+    crafted = [span_line, twice, span_line, two_blocks, span_line, cut_short, span_line,
+               json.dumps({"resourceSpans": [other]}, **compact) + "\n", span_line]  # fmt: skip
+    reader = otlpjson.Reader()
+    cuts = []
+    known = reader._known_resource
+    reader._known_resource = lambda line: (lambda out: cuts.append(out[1] is not None) or out)(known(line))  # type: ignore[method-assign]
+    everything = lines + crafted
+    for line in everything:
+        reader.read_line(line, "x")
+    tel = reader.telemetry
+    assert (tel.spans, tel.logs, tel.points, tel.problems.counts) == _fresh(everything)
+    assert sum(cuts) >= len(lines) // 2, "most lines of a process's file repeat its resource"
+    assert cuts[len(lines) + 1 :] == [False, False, True, True, True, True, False, False]
+    assert tel.problems.counts == {"truncated_line": 1}
+    (where,) = [e for e in tel.problems.examples if "truncated_line" in e]
+    assert str(_error_of_alone(cut_short)) in where, "the error is the whole line's, not the cut text's"
+
+
+def _error_of_alone(line: str) -> ValueError:
+    with pytest.raises(ValueError) as caught:
+        json.loads(line)
+    return caught.value
+
+
+def test_files_are_found_in_one_walk(tmp_path: Path) -> None:
+    """A directory is walked once, symbolic links followed, a link cycle ended; the files are those five patterns
+    name, in ``Path`` order."""
+    for name in ("b/x.jsonl", "a-b/y.json", "a/z.jsonl.gz", "a/deeper/w.ndjson", "a/not.txt", "c.json.gz", "a.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}\n")
+    (tmp_path / "a" / "loop").symlink_to(tmp_path)
+    expected = sorted({p for pattern in otlpjson.PATTERNS for p in (tmp_path / "b").parent.glob("**/" + pattern)
+                       if p.is_file() and "loop" not in p.parts})  # fmt: skip
+    found = otlpjson.find_files([tmp_path])
+    assert [p for p in found if "loop" not in p.parts] == expected
+    assert len(found) == len(expected), "the cycle is walked once at most (tmp_path is already walked)"

@@ -173,6 +173,8 @@ class Job:
     end: int = 0
     _by_name: dict[str, list[Point]] = field(default_factory=dict, repr=False, compare=False)
     _indexed: int = field(default=-1, repr=False, compare=False)
+    _logs_by_name: dict[str, list[LogRecord]] = field(default_factory=dict, repr=False, compare=False)
+    _logs_indexed: int = field(default=-1, repr=False, compare=False)
 
     def named(self, name: str) -> list[Point]:
         """The points of metric ``name``, in order. Indexed on first use (and again if points were added): the
@@ -183,6 +185,17 @@ class Job:
                 self._by_name[point.name].append(point)
             self._indexed = len(self.points)
         return self._by_name.get(name, [])
+
+    def logs_named(self, name: str) -> list[LogRecord]:
+        """The log records named ``name`` (``LogRecord.name``), in order; indexed on first use as ``named``: the
+        model and the views look for a few events (failures, verdicts, restarts, stalls) among every output line
+        of the run, 750,000 records on 1,000 nodes, and each was a pass over them all."""
+        if self._logs_indexed != len(self.logs):
+            self._logs_by_name = collections.defaultdict(list)
+            for rec in self.logs:
+                self._logs_by_name[rec.name].append(rec)
+            self._logs_indexed = len(self.logs)
+        return self._logs_by_name.get(name, [])
 
     def point_procs(self) -> list[Proc]:
         """Every process that wrote a point, once each, in the order of their first point."""
@@ -221,6 +234,25 @@ def _run_of(proc: Proc, attrs: dict[str, Any]) -> str | None:
 
 def split_runs(tel: Telemetry) -> list[Job]:
     """One ``Job`` per run id; records without one join the run of their trace, or the only run there is."""
+    if not (tel.spans or tel.logs or tel.points):
+        return []
+    runs = _run_ids(tel)
+    if len(runs) <= 1:  # one run (most files): every record is its; no record-by-record sorting (3.4 M at 1,000 nodes)
+        return [Job(next(iter(runs), None), list(tel.spans), list(tel.logs), list(tel.points))]
+    return _split_runs(tel)
+
+
+def _run_ids(tel: Telemetry) -> set[str]:
+    """The run ids ``_split_runs`` finds (a span's when it has one, a log record's or a point's when not empty),
+    from the distinct pairs of a record's own run id and its resource's: a few, where the records are millions."""
+    spans = {(s.attrs.get(names.RUN_ID), s.proc.run_id) for s in tel.spans}
+    logs = {(r.attrs.get(names.RUN_ID), r.proc.run_id) for r in tel.logs}
+    runs = {str(own or resource) for own, resource in spans if (own or resource) is not None}
+    runs |= {str(own or resource) for own, resource in logs if own or resource}
+    return runs | {p.run_id for p in {p.proc for p in tel.points} if p.run_id}
+
+
+def _split_runs(tel: Telemetry) -> list[Job]:
     by_trace: dict[str, str] = {}
     for span in tel.spans:
         run = _run_of(span.proc, span.attrs)
@@ -328,9 +360,8 @@ def _attempts_from_workers(job: Job) -> list[Attempt]:
     for proc, time in [(s.proc, s.start) for s in job.spans] + [(r.proc, r.time) for r in job.logs]:
         if proc.kind == "worker" and proc.restart is not None:
             restarts[proc.restart].append(time)
-    for rec in job.logs:
-        if rec.name == FAILURE_EVENT:
-            restarts[as_int(rec.attrs.get(names.RESTART_COUNT)) or 0].append(rec.time)
+    for rec in job.logs_named(FAILURE_EVENT):
+        restarts[as_int(rec.attrs.get(names.RESTART_COUNT)) or 0].append(rec.time)
     return [Attempt(restart=r, start=min(ts), end=max(ts), ended=False) for r, ts in sorted(restarts.items())] or [
         Attempt(restart=0, start=job.start, end=job.end, ended=False)
     ]
@@ -441,13 +472,18 @@ def _worker_records(job: Job, runs: _Runs, by_proc: dict[Proc, WorkerRun]) -> No
         if run is None:
             _agent_status(rec, runs)
             continue
-        _seen(run, rec.time, rec.time)
-        if rec.name == EXCEPTION_EVENT:
+        time = rec.time
+        if time:  # ``_seen``, inline: once per output line of every rank
+            run.first_seen = min(run.first_seen or time, time)
+            if time > run.last_seen:
+                run.last_seen = time
+        name = rec.name
+        if name == EXCEPTION_EVENT:
             run.exception = _exc_line(rec.attrs)
             run.stacktrace = as_str(rec.attrs.get("exception.stacktrace"))
             run.state = "failed"
             run.failed_at = rec.time
-        elif rec.name == TERMINATED_EVENT:
+        elif name == TERMINATED_EVENT:
             run.stack = as_str(rec.attrs.get(names.STACK))
             run.state = "terminated"
         if IOSTREAM in rec.attrs or _is_logging(rec):
@@ -498,7 +534,7 @@ def _exc_line(attrs: dict[str, Any]) -> str:
 
 def _failures(job: Job) -> list[Failure]:
     """The agent's ``torchelastic.worker.failure`` records (or, without logs, the span events of the same name)."""
-    records = [(r.time, r.attrs, r.proc) for r in job.logs if r.name == FAILURE_EVENT]
+    records = [(r.time, r.attrs, r.proc) for r in job.logs_named(FAILURE_EVENT)]
     if not records:
         records = [(e.time, e.attrs, s.proc) for s in job.spans for e in s.events if e.name == FAILURE_EVENT]
     return [_failure(time, attrs, proc.host) for time, attrs, proc in records]
@@ -593,9 +629,8 @@ class _Verdicts:
 
     def __init__(self, job: Job) -> None:
         self.records: dict[int, list[LogRecord]] = collections.defaultdict(list)
-        for rec in job.logs:
-            if rec.name == ROOT_CAUSE_EVENT:
-                self.records[as_int(rec.attrs.get(names.RESTART_COUNT)) or 0].append(rec)
+        for rec in job.logs_named(ROOT_CAUSE_EVENT):
+            self.records[as_int(rec.attrs.get(names.RESTART_COUNT)) or 0].append(rec)
         self.spans: dict[str, Span] = {}
         for span in job.spans:
             if _RC + "rank" in span.attrs:
@@ -676,7 +711,7 @@ def _restarts(job: Job) -> list[Restart]:
     if spans:
         items: Iterable[tuple[int, dict[str, Any], Proc]] = [(s.start, s.attrs, s.proc) for s in spans]
     else:
-        items = [(r.time, r.attrs, r.proc) for r in job.logs if r.name == RESTART_EVENT]
+        items = [(r.time, r.attrs, r.proc) for r in job.logs_named(RESTART_EVENT)]
     return sorted(
         (
             Restart(time, as_int(attrs.get(names.RESTART_COUNT)),

@@ -68,7 +68,7 @@ def _code(attrs: dict[str, Any]) -> str:
 def stalls(job: Job) -> list[Stall]:
     """The job's stalls: one per rank and start (its repeats counted), in time order."""
     found: dict[tuple[int, int | None, int], Stall] = {}
-    for rec in sorted((r for r in job.logs if r.name == STALLED_EVENT), key=lambda r: r.time):
+    for rec in sorted(job.logs_named(STALLED_EVENT), key=lambda r: r.time):
         since = as_int(rec.attrs.get(names.STALLED_SINCE_UNIX_NANO)) or rec.time
         key = (restart_of(rec), rank_of(rec), since)
         seconds = _float(rec.attrs.get(names.STALLED_SECONDS))

@@ -190,7 +190,7 @@ def _missing(job: Job) -> list[Missing]:
     """Per attempt and process group (see the module's docstring)."""
     latest: dict[tuple[int, str, int], dict[str, Any]] = {}  # (restart, group, rank) -> its latest summary
     names: dict[tuple[int, str, int], str] = {}  # (restart, group, seq) -> the pending collective's name
-    records = sorted((r for r in job.logs if r.name in _SUMMARY_EVENTS), key=lambda r: r.time)
+    records = sorted((r for name in _SUMMARY_EVENTS for r in job.logs_named(name)), key=lambda r: r.time)
     for rec in records:
         rank = _rank_of(rec)
         if rank is None:
