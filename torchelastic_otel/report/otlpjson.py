@@ -445,60 +445,89 @@ class Reader:
 
     # ---- items ------------------------------------------------------------------------------------------------
 
+    # The three below run once per record, millions of times on 1,000 nodes: the common case (a dict, 64-bit
+    # integers as decimal strings, ids already seen) is tested inline; anything else goes through the checks above,
+    # in the same order, so a bad item fails with the same message.
+
     def _add_span(self, raw: Any, proc: Proc) -> None:
-        span = _dict(raw, "data")
-        status = span.get("status")
-        status = _dict(status, "status") if status is not None else {}
-        start = _i64(span.get("startTimeUnixNano"), "start_time_unix_nano")
-        end = _i64(span.get("endTimeUnixNano"), "end_time_unix_nano")
+        span = raw if type(raw) is dict else _dict(raw, "data")
+        get = span.get
+        status = get("status")
+        status = (status if type(status) is dict else _dict(status, "status")) if status is not None else _EMPTY
+        start = _i64_str(get("startTimeUnixNano"), "start_time_unix_nano")
+        end = _i64_str(get("endTimeUnixNano"), "end_time_unix_nano")
         events = _NO_EVENTS
-        for event in _list(span.get("events"), "events"):
-            event = _dict(event, "data")
-            events = [] if events is _NO_EVENTS else events
-            events.append(SpanEvent(_intern(_str(event.get("name"), "name")),
-                                    _i64(event.get("timeUnixNano"), "time_unix_nano"),
-                                    self._shared(attributes(event.get("attributes")))))  # fmt: skip
-        _list(span.get("links"), "links")
-        ids = self._id
+        raw_events = get("events")
+        if raw_events is not None and (type(raw_events) is not list or raw_events):
+            for event in _list(raw_events, "events"):
+                event = _dict(event, "data")
+                events = [] if events is _NO_EVENTS else events
+                events.append(SpanEvent(_intern(_str(event.get("name"), "name")),
+                                        _i64(event.get("timeUnixNano"), "time_unix_nano"),
+                                        self._shared(attributes(event.get("attributes")))))  # fmt: skip
+        links = get("links")
+        if links is not None and type(links) is not list:
+            _list(links, "links")
+        known, ids = self._ids.get, self._id
+        trace_id, span_id, parent_id = get("traceId"), get("spanId"), get("parentSpanId")
+        trace_id = (type(trace_id) is str and known(trace_id)) or ids(trace_id, "trace_id")
+        span_id = (type(span_id) is str and known(span_id)) or ids(span_id, "span_id")
+        parent_id = (type(parent_id) is str and known(parent_id)) or ids(parent_id, "parent_span_id")
+        name = get("name")
+        raw_attrs = get("attributes")
+        code, message = status.get("code"), status.get("message")
         self.telemetry.spans.append(
             Span(
-                trace_id=ids(span.get("traceId"), "trace_id"),
-                span_id=ids(span.get("spanId"), "span_id"),
-                parent_id=ids(span.get("parentSpanId"), "parent_span_id"),
-                name=_intern(_str(span.get("name"), "name")),
-                start=start,
-                end=max(end, start),
-                attrs=self._shared(attributes(span.get("attributes"))),
-                status_code=_enum(status.get("code"), "code"),
-                status_message=_str(status.get("message"), "message"),
-                events=events,
-                proc=proc,
+                trace_id,
+                span_id,
+                parent_id,
+                _intern(name if type(name) is str else _str(name, "name")),
+                start,
+                end if end > start else start,
+                self._shared(attributes(raw_attrs)) if raw_attrs else _attrs_of(raw_attrs),
+                code if type(code) is int else _enum(code, "code"),
+                message if type(message) is str else _str(message, "message"),
+                events,
+                proc,
             )
         )
 
     def _add_log(self, raw: Any, proc: Proc) -> None:
-        record = _dict(raw, "data")
-        time = _i64(record.get("timeUnixNano"), "time_unix_nano")
-        observed = _i64(record.get("observedTimeUnixNano"), "observed_time_unix_nano")
+        record = raw if type(raw) is dict else _dict(raw, "data")
+        get = record.get
+        time = _i64_str(get("timeUnixNano"), "time_unix_nano")
+        observed = _i64_str(get("observedTimeUnixNano"), "observed_time_unix_nano")
+        severity, severity_text, event_name = get("severityNumber"), get("severityText"), get("eventName")
+        severity = severity if type(severity) is int else _enum(severity, "severity_number")
+        severity_text = _intern(severity_text if type(severity_text) is str else _str(severity_text, "severity_text"))
+        body = get("body")
+        text = body.get("stringValue") if type(body) is dict and len(body) == 1 else None
+        body = text if type(text) is str else value(body)
+        event_name = _intern(event_name if type(event_name) is str else _str(event_name, "event_name"))
+        raw_attrs = get("attributes")
+        attrs = self._shared(attributes(raw_attrs)) if raw_attrs else _attrs_of(raw_attrs)
         ids = self._id
         self.telemetry.logs.append(
             LogRecord(
-                time=time or observed,
-                severity=_enum(record.get("severityNumber"), "severity_number"),
-                severity_text=_intern(_str(record.get("severityText"), "severity_text")),
-                body=value(record.get("body")),
-                event_name=_intern(_str(record.get("eventName"), "event_name")),
-                attrs=self._shared(attributes(record.get("attributes"))),
-                trace_id=ids(record.get("traceId"), "trace_id"),
-                span_id=ids(record.get("spanId"), "span_id"),
-                proc=proc,
-            )
+                time or observed,
+                severity,
+                severity_text,
+                body,
+                event_name,
+                attrs,
+                ids(get("traceId"), "trace_id"),
+                ids(get("spanId"), "span_id"),
+                proc,
+            )  # fmt: skip
         )
 
     def _add_metric(self, raw: Any, proc: Proc) -> None:
-        metric = _dict(raw, "data")
-        name, unit = _intern(_str(metric.get("name"), "name")), _intern(_str(metric.get("unit"), "unit"))
+        metric = raw if type(raw) is dict else _dict(raw, "data")
+        name, unit = metric.get("name"), metric.get("unit")
+        name = _intern(name if type(name) is str else _str(name, "name"))
+        unit = _intern(unit if type(unit) is str else _str(unit, "unit"))
         out = self.telemetry.points
+        shared = self._shared
         for kind, key in _METRIC_KINDS:
             data = metric.get(key)
             if data is None:
@@ -506,10 +535,12 @@ class Reader:
             data = _dict(data, kind)
             monotonic = bool(data.get("isMonotonic", False))
             for dp in _list(data.get("dataPoints"), "data_points"):
-                dp = _dict(dp, "data")
+                dp = dp if type(dp) is dict else _dict(dp, "data")
                 number, count = _point_value(kind, dp)
-                point = Point(name, kind, unit, _i64(dp.get("timeUnixNano"), "time_unix_nano"), number,
-                              self._shared(attributes(dp.get("attributes"))), proc, monotonic, count)  # fmt: skip
+                raw_attrs = dp.get("attributes")
+                point = Point(name, kind, unit, _i64_str(dp.get("timeUnixNano"), "time_unix_nano"), number,
+                              shared(attributes(raw_attrs)) if raw_attrs else _attrs_of(raw_attrs), proc, monotonic,
+                              count)  # fmt: skip
                 if kind == "histogram":
                     _distribution(point, dp)
                     point.bounds = self._bounds.setdefault(point.bounds, point.bounds)
@@ -554,6 +585,21 @@ def _error_of(line: str) -> ValueError | None:
     except ValueError as exc:
         return exc
     return None
+
+
+def _i64_str(raw: Any, field: str) -> int:
+    """``_i64``, with its common case first: a decimal string (OTLP JSON's 64-bit integers)."""
+    if type(raw) is str:
+        try:
+            return int(raw)
+        except ValueError:
+            pass
+    return _i64(raw, field)
+
+
+def _attrs_of(raw: Any) -> dict[str, Any]:
+    """The attributes of an item whose list is absent or empty (the rest are checked by ``attributes``)."""
+    return attributes(raw) or _EMPTY
 
 
 def _enum(raw: Any, field: str) -> int:
