@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import subprocess
@@ -332,3 +333,33 @@ def test_files_are_found_in_one_walk(tmp_path: Path) -> None:
     found = otlpjson.find_files([tmp_path])
     assert [p for p in found if "loop" not in p.parts] == expected
     assert len(found) == len(expected), "the cycle is walked once at most (tmp_path is already walked)"
+
+
+def test_msgspec_parses_what_json_parses(job_files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the ``report`` extra (installed by ``make test``), lines are parsed by msgspec: the same records as the
+    standard library's parser makes. What msgspec refuses (``NaN``, a number beyond a double, a lone surrogate, a
+    line cut short) is the standard parser's to take or to reject, with its own message."""
+    assert otlpjson._FAST_LOADS is not None, "msgspec (the report extra) is installed with the test extra"
+    valid = (job_files / "metrics-rank0-restart0.jsonl").read_text().splitlines()[0]
+    doc = json.loads(valid)
+    point = doc["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][0]
+    kind = next(k for k in ("gauge", "sum", "histogram") if k in point)
+    odd = []
+    for number in ("NaN", "1e400", "-Infinity"):  # the standard parser takes these; msgspec does not
+        text = json.dumps(doc, separators=(",", ":"))
+        first = point[kind]["dataPoints"][0]
+        key = "asDouble" if "asDouble" in first or "asInt" in first else "sum"
+        marker = json.dumps(first[key])
+        odd.append(text.replace(f'"{key}":{marker}', f'"{key}":{number}', 1))
+    assert all('":NaN' in t or '":1e400' in t or '":-Infinity' in t for t in odd)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    surrogate = '{"resourceLogs":[{"resource":{"attributes":[{"key":"a","value":{"stringValue":"\\ud800"}}]}}]}'
+    (extra / "odd.jsonl").write_text("\n".join([*odd, surrogate, valid[:-9]]))
+    fast = otlpjson.read([job_files, extra])
+    monkeypatch.setattr(otlpjson, "_FAST_LOADS", None)
+    standard = otlpjson.read([job_files, extra])
+    assert _summary(fast)[:3] == _summary(standard)[:3] and fast.problems.examples == standard.problems.examples
+    assert dict(fast.problems.counts) == {"truncated_line": 1}, "NaN, 1e400, -Infinity and a lone surrogate parse"
+    odd_values = [p.value for p in fast.points if p.value is not None and not math.isfinite(p.value)]
+    assert len(odd_values) >= 3, "the odd numbers arrive as the standard parser reads them"
