@@ -457,7 +457,11 @@ def _worker_records(job: Job, runs: _Runs, by_proc: dict[Proc, WorkerRun]) -> No
         run = by_proc.get(span.proc) or _delivered_by_agent(span, runs)
         if run is None:
             continue
-        _seen(run, span.start, span.end)
+        start, end = span.start, span.end
+        if start:  # when the rank was first and last seen: once per span of every rank
+            run.first_seen = min(run.first_seen or start, start)
+        if end > run.last_seen:
+            run.last_seen = end
         if span.name == names.WORKER_START:
             run.start = span.start if not run.start else min(run.start, span.start)
             run.parent_span = span.parent_id
@@ -473,7 +477,7 @@ def _worker_records(job: Job, runs: _Runs, by_proc: dict[Proc, WorkerRun]) -> No
             _agent_status(rec, runs)
             continue
         time = rec.time
-        if time:  # ``_seen``, inline: once per output line of every rank
+        if time:  # the same, once per record of every rank
             run.first_seen = min(run.first_seen or time, time)
             if time > run.last_seen:
                 run.last_seen = time
@@ -519,12 +523,6 @@ def _agent_status(rec: LogRecord, runs: _Runs) -> None:
     run.pid = run.pid or as_int(rec.attrs.get(names.WORKER_ID))
     if rec.name.endswith(".SUCCEEDED") and run.state == "unknown":
         run.state = "succeeded"
-
-
-def _seen(run: WorkerRun, start: int, end: int) -> None:
-    if start:
-        run.first_seen = min(run.first_seen or start, start)
-    run.last_seen = max(run.last_seen, end or 0)
 
 
 def _exc_line(attrs: dict[str, Any]) -> str:
