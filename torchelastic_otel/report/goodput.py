@@ -58,6 +58,9 @@ class Training(Protocol):
     @property
     def stragglers(self) -> list[Any]: ...
 
+    #: ``phases(job)``, when it computed them (else they are computed here)
+    phases: dict[tuple[int, int], dict[str, float | None]] | None
+
 
 __all__ = [
     "CAUSES",
@@ -444,6 +447,7 @@ class Assessment:
 
 def assess(job: Job, training: Training) -> Assessment:
     """Goodput, phases, memory creep and the verdict of ``job`` (``training``: its ``training.analyze``)."""
-    found_goodput, found_phases, creep = goodput(job), phases(job), memory_creep(job)
+    found_phases = training.phases if training.phases is not None else phases(job)
+    found_goodput, creep = goodput(job), memory_creep(job)
     return Assessment(found_goodput, found_phases, creep,
                       verdict(job, training, found_goodput, found_phases, creep))  # fmt: skip

@@ -18,6 +18,7 @@ traces, no worker telemetry, files of a job still running):
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ EXCEPTION_EVENT = names.WORKER_EXCEPTION
 TERMINATED_EVENT = names.WORKER_TERMINATED
 RESTART_EVENT = names.RESTART
 IOSTREAM = "log.iostream"
+_PROC_OF = operator.attrgetter("proc")
 _MAX_OUTPUT_LINES = 40  # per worker: the last lines of its stdout/stderr kept for the report
 
 
@@ -199,7 +201,7 @@ class Job:
 
     def point_procs(self) -> list[Proc]:
         """Every process that wrote a point, once each, in the order of their first point."""
-        return list(dict.fromkeys(p.proc for p in self.points))
+        return list(dict.fromkeys(map(_PROC_OF, self.points)))  # at C speed: 1.5 M points at 1,000 nodes
 
     @property
     def attempts(self) -> list[Attempt]:

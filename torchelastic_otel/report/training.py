@@ -98,6 +98,8 @@ class Training:
     stalls: list[Stall]
     missing: list[Missing]
     arrival_series: list[Series]
+    #: ``goodput.phases(job)``, computed once: the steps' phases are each rank's, and ``goodput.assess`` uses them too
+    phases: dict[tuple[int, int], dict[str, float | None]] | None = None
 
     @property
     def stragglers(self) -> list[RankSteps]:
@@ -108,7 +110,8 @@ class Training:
 
 
 def analyze(job: Job) -> Training:
-    return Training(_rank_steps(job), stalls(job), _missing(job), _arrival_series(job))
+    phases = goodput_mod.phases(job)
+    return Training(_rank_steps(job, phases), stalls(job), _missing(job), _arrival_series(job), phases)
 
 
 # ---- steps and stragglers -------------------------------------------------------------------------------------
@@ -129,11 +132,10 @@ def _last(points: list[Point]) -> Point:
     return max(points, key=lambda p: (p.count or 0, p.time))
 
 
-def _rank_steps(job: Job) -> list[RankSteps]:
+def _rank_steps(job: Job, phases: dict[tuple[int, int], dict[str, float | None]]) -> list[RankSteps]:
     arrivals = _worker_points(job, ARRIVAL)
     durations = _worker_points(job, DURATION)
     hosts = {(p.restart or 0, p.rank): p.host for p in job.point_procs() if p.kind == "worker"}
-    phases = goodput_mod.phases(job)
     out = []
     for key in sorted(set(arrivals) | set(durations) | set(phases)):
         arrival = _last(arrivals[key]) if key in arrivals else None
