@@ -21,7 +21,7 @@ import collections
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from torchelastic_otel import _names as names
 from torchelastic_otel.report.records import LogRecord, Point, Proc, Span, Telemetry
@@ -162,6 +162,26 @@ class Agent:
     end: int = 0
 
 
+_Named = TypeVar("_Named", Point, LogRecord)
+
+
+class _ByName(Generic[_Named]):
+    """Records by their ``name``, indexed on first use and again if records were added: each look-up was a pass
+    over every record of the run, millions on 1,000 nodes."""
+
+    def __init__(self) -> None:
+        self._index: dict[str, list[_Named]] = {}
+        self._indexed = -1
+
+    def get(self, records: list[_Named], name: str) -> list[_Named]:
+        if self._indexed != len(records):
+            index: dict[str, list[_Named]] = collections.defaultdict(list)
+            for record in records:
+                index[record.name].append(record)
+            self._index, self._indexed = index, len(records)
+        return self._index.get(name, [])
+
+
 @dataclass
 class Job:
     run_id: str | None
@@ -173,31 +193,17 @@ class Job:
     outcome: str = "UNKNOWN"  # SUCCEEDED | FAILED | UNFINISHED | UNKNOWN
     start: int = 0
     end: int = 0
-    _by_name: dict[str, list[Point]] = field(default_factory=dict, repr=False, compare=False)
-    _indexed: int = field(default=-1, repr=False, compare=False)
-    _logs_by_name: dict[str, list[LogRecord]] = field(default_factory=dict, repr=False, compare=False)
-    _logs_indexed: int = field(default=-1, repr=False, compare=False)
+    _points_by_name: _ByName[Point] = field(default_factory=_ByName, repr=False, compare=False)
+    _logs_by_name: _ByName[LogRecord] = field(default_factory=_ByName, repr=False, compare=False)
 
     def named(self, name: str) -> list[Point]:
-        """The points of metric ``name``, in order. Indexed on first use (and again if points were added): the
-        views ask for a few names, and each was a pass over every point of the run, millions on 1,000 nodes."""
-        if self._indexed != len(self.points):
-            self._by_name = collections.defaultdict(list)
-            for point in self.points:
-                self._by_name[point.name].append(point)
-            self._indexed = len(self.points)
-        return self._by_name.get(name, [])
+        """The points of metric ``name``, in order: the views ask for a few names among millions of points."""
+        return self._points_by_name.get(self.points, name)
 
     def logs_named(self, name: str) -> list[LogRecord]:
-        """The log records named ``name`` (``LogRecord.name``), in order; indexed on first use as ``named``: the
-        model and the views look for a few events (failures, verdicts, restarts, stalls) among every output line
-        of the run, 750,000 records on 1,000 nodes, and each was a pass over them all."""
-        if self._logs_indexed != len(self.logs):
-            self._logs_by_name = collections.defaultdict(list)
-            for rec in self.logs:
-                self._logs_by_name[rec.name].append(rec)
-            self._logs_indexed = len(self.logs)
-        return self._logs_by_name.get(name, [])
+        """The log records named ``name`` (``LogRecord.name``), in order: the model and the views look for a few
+        events (failures, verdicts, restarts, stalls) among every output line of the run (750,000 at 1,000 nodes)."""
+        return self._logs_by_name.get(self.logs, name)
 
     def point_procs(self) -> list[Proc]:
         """Every process that wrote a point, once each, in the order of their first point."""
@@ -230,7 +236,12 @@ class Job:
 def _run_of(proc: Proc, attrs: dict[str, Any]) -> str | None:
     """The record's own run id before its resource's: a process that launched several runs (``run.main`` called
     again) may have written a later run's records on an earlier run's resource (earlier versions of the bridge did)."""
-    run = attrs.get(names.RUN_ID) or proc.run_id
+    return _run(attrs.get(names.RUN_ID), proc.run_id)
+
+
+def _run(own: Any, resource: str | None) -> str | None:
+    """A record's run id from its own attribute and its resource's (``_run_of``)."""
+    run = own or resource
     return None if run is None else str(run)
 
 
@@ -245,12 +256,12 @@ def split_runs(tel: Telemetry) -> list[Job]:
 
 
 def _run_ids(tel: Telemetry) -> set[str]:
-    """The run ids ``_split_runs`` finds (a span's when it has one, a log record's or a point's when not empty),
-    from the distinct pairs of a record's own run id and its resource's: a few, where the records are millions."""
-    spans = {(s.attrs.get(names.RUN_ID), s.proc.run_id) for s in tel.spans}
-    logs = {(r.attrs.get(names.RUN_ID), r.proc.run_id) for r in tel.logs}
-    runs = {str(own or resource) for own, resource in spans if (own or resource) is not None}
-    runs |= {str(own or resource) for own, resource in logs if own or resource}
+    """Every run id the records name (a span's when it has one, a log record's or a point's when not empty; those
+    ``_split_runs`` counts are among them), from the distinct pairs of a record's own run id and its resource's: a
+    few, where the records are millions. One or none: every record is that run's."""
+    spans = {_run(own, resource) for own, resource in {(s.attrs.get(names.RUN_ID), s.proc.run_id) for s in tel.spans}}
+    logs = {_run(own, resource) for own, resource in {(r.attrs.get(names.RUN_ID), r.proc.run_id) for r in tel.logs}}
+    runs = {run for run in spans if run is not None} | {run for run in logs if run}
     return runs | {p.run_id for p in {p.proc for p in tel.points} if p.run_id}
 
 

@@ -128,14 +128,14 @@ def _tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 def _i64(raw: Any, field: str) -> int:
-    """A 64-bit integer field: a number or a decimal string; absent is 0."""
-    if raw is None:
-        return 0
+    """A 64-bit integer field: a number or a decimal string (OTLP JSON's, tested first); absent is 0."""
     if type(raw) is str:
         try:
             return int(raw)
         except ValueError:
             raise ValueError(f"Invalid int64 value for field '{field}': {raw}") from None
+    if raw is None:
+        return 0
     _check(raw, int, field)
     return int(raw)
 
@@ -327,7 +327,6 @@ class _KnownResource:
     prefix: str
     head: str  # the prefix up to the resource (``_HEADS``)
     key: str  # the signal's key, quoted: a line naming it again is parsed whole
-    after: int  # len(prefix)
     proc: Proc
 
 
@@ -405,9 +404,12 @@ class Reader:
     def _known_resource(self, line: str) -> tuple[str, Proc | None]:
         """(the text to parse, the process of its first resource block when its resource text was cut out)."""
         known = self._resource
-        if known is None or not line.startswith(known.prefix) or line.count(known.key, known.after) != 0:
+        if known is None or not line.startswith(known.prefix):
             return line, None
-        return known.head + "{}" + line[known.after :], known.proc
+        after = len(known.prefix)
+        if line.count(known.key, after) != 0:
+            return line, None
+        return known.head + "{}" + line[after:], known.proc
 
     def _learn_resource(self, line: str, data: dict[str, Any], key: str) -> None:
         """Remember the resource text this line begins with, if it begins with one (``_known_resource``)."""
@@ -424,7 +426,7 @@ class Reader:
         except (ValueError, TypeError, AttributeError, KeyError, IndexError):
             self._resource = None
             return
-        self._resource = _KnownResource(line[:end], head, _QUOTED[key], end, proc)
+        self._resource = _KnownResource(line[:end], head, _QUOTED[key], proc)
 
     def _read_resources(self, key: str, blocks: Any, where: str, pinned: Proc | None = None) -> None:
         """The blocks of one signal; the first one's process is ``pinned`` when its resource text was cut out."""
@@ -463,8 +465,8 @@ class Reader:
         get = span.get
         status = get("status")
         status = (status if type(status) is dict else _dict(status, "status")) if status is not None else _EMPTY
-        start = _i64_str(get("startTimeUnixNano"), "start_time_unix_nano")
-        end = _i64_str(get("endTimeUnixNano"), "end_time_unix_nano")
+        start = _i64(get("startTimeUnixNano"), "start_time_unix_nano")
+        end = _i64(get("endTimeUnixNano"), "end_time_unix_nano")
         events = _NO_EVENTS
         raw_events = get("events")
         if raw_events is not None and (type(raw_events) is not list or raw_events):
@@ -483,7 +485,6 @@ class Reader:
         span_id = (type(span_id) is str and known(span_id)) or ids(span_id, "span_id")
         parent_id = (type(parent_id) is str and known(parent_id)) or ids(parent_id, "parent_span_id")
         name = get("name")
-        raw_attrs = get("attributes")
         code, message = status.get("code"), status.get("message")
         self.telemetry.spans.append(
             Span(
@@ -493,7 +494,7 @@ class Reader:
                 _intern(name if type(name) is str else _str(name, "name")),
                 start,
                 end if end > start else start,
-                self._shared(attributes(raw_attrs)) if raw_attrs else _attrs_of(raw_attrs),
+                self._shared(attributes(get("attributes"))),
                 code if type(code) is int else _enum(code, "code"),
                 message if type(message) is str else _str(message, "message"),
                 events,
@@ -504,8 +505,8 @@ class Reader:
     def _add_log(self, raw: Any, proc: Proc) -> None:
         record = raw if type(raw) is dict else _dict(raw, "data")
         get = record.get
-        time = _i64_str(get("timeUnixNano"), "time_unix_nano")
-        observed = _i64_str(get("observedTimeUnixNano"), "observed_time_unix_nano")
+        time = _i64(get("timeUnixNano"), "time_unix_nano")
+        observed = _i64(get("observedTimeUnixNano"), "observed_time_unix_nano")
         severity, severity_text, event_name = get("severityNumber"), get("severityText"), get("eventName")
         severity = severity if type(severity) is int else _enum(severity, "severity_number")
         severity_text = _intern(severity_text if type(severity_text) is str else _str(severity_text, "severity_text"))
@@ -513,8 +514,7 @@ class Reader:
         text = body.get("stringValue") if type(body) is dict and len(body) == 1 else None
         body = text if type(text) is str else value(body)
         event_name = _intern(event_name if type(event_name) is str else _str(event_name, "event_name"))
-        raw_attrs = get("attributes")
-        attrs = self._shared(attributes(raw_attrs)) if raw_attrs else _attrs_of(raw_attrs)
+        attrs = self._shared(attributes(get("attributes")))
         ids = self._id
         self.telemetry.logs.append(
             LogRecord(
@@ -546,10 +546,8 @@ class Reader:
             for dp in _list(data.get("dataPoints"), "data_points"):
                 dp = dp if type(dp) is dict else _dict(dp, "data")
                 number, count = _point_value(kind, dp)
-                raw_attrs = dp.get("attributes")
-                point = Point(name, kind, unit, _i64_str(dp.get("timeUnixNano"), "time_unix_nano"), number,
-                              shared(attributes(raw_attrs)) if raw_attrs else _attrs_of(raw_attrs), proc, monotonic,
-                              count)  # fmt: skip
+                point = Point(name, kind, unit, _i64(dp.get("timeUnixNano"), "time_unix_nano"), number,
+                              shared(attributes(dp.get("attributes"))), proc, monotonic, count)  # fmt: skip
                 if kind == "histogram":
                     _distribution(point, dp)
                     point.bounds = self._bounds.setdefault(point.bounds, point.bounds)
@@ -608,21 +606,6 @@ def _error_of(line: str) -> ValueError | None:
     except ValueError as exc:
         return exc
     return None
-
-
-def _i64_str(raw: Any, field: str) -> int:
-    """``_i64``, with its common case first: a decimal string (OTLP JSON's 64-bit integers)."""
-    if type(raw) is str:
-        try:
-            return int(raw)
-        except ValueError:
-            pass
-    return _i64(raw, field)
-
-
-def _attrs_of(raw: Any) -> dict[str, Any]:
-    """The attributes of an item whose list is absent or empty (the rest are checked by ``attributes``)."""
-    return attributes(raw) or _EMPTY
 
 
 def _enum(raw: Any, field: str) -> int:
