@@ -363,3 +363,90 @@ def test_msgspec_parses_what_json_parses(job_files: Path, tmp_path: Path, monkey
     assert dict(fast.problems.counts) == {"truncated_line": 1}, "NaN, 1e400, -Infinity and a lone surrogate parse"
     odd_values = [p.value for p in fast.points if p.value is not None and not math.isfinite(p.value)]
     assert len(odd_values) >= 3, "the odd numbers arrive as the standard parser reads them"
+
+
+# ---- reading fast: the typed path ----------------------------------------------------------------------------------
+
+#: what a field of a mutated line is set to: every JSON type, and strings that are and are not numbers or hex
+_ODD_VALUES = (None, "x", "12", "0a0b", 7, -1, 1.5, True, [], {}, [1], {"stringValue": "v"})
+
+
+def _mutations(doc: object, limit: int) -> list[str]:
+    """Lines that differ from ``doc`` in one place: a field set to each of ``_ODD_VALUES``, a field left out, an
+    unknown field added (the first ``limit``, walking the document depth-first)."""
+    out: list[str] = []
+
+    def emit() -> None:
+        out.append(json.dumps(doc, separators=(",", ":")) + "\n")
+
+    def walk(node: object) -> None:
+        if len(out) >= limit:
+            return
+        if isinstance(node, dict):
+            for key in list(node):
+                value = node[key]
+                for odd in _ODD_VALUES:
+                    node[key] = odd
+                    emit()
+                del node[key]
+                emit()
+                node[key] = value
+                walk(value)
+            node["unknownField"] = 1
+            emit()
+            del node["unknownField"]
+        elif isinstance(node, list) and node:
+            walk(node[0])
+
+    walk(doc)
+    return out[:limit]
+
+
+def _read_lines(lines: list[str], typed: bool) -> tuple[object, ...]:
+    reader = otlpjson.Reader()
+    if not typed:
+        reader._typed = None
+    for number, line in enumerate(lines, 1):
+        reader.read_line(line, f"x:{number}")
+    tel = reader.telemetry
+    return tel.spans, tel.logs, tel.points, tel.lines, dict(tel.problems.counts), tel.problems.examples
+
+
+def test_the_typed_path_reads_what_the_general_path_reads(job_files: Path) -> None:
+    """With msgspec, lines are decoded into typed structs, attribute lists and resources kept as raw text and
+    converted once per distinct text (``typedlines``). Whatever the typed path cannot read exactly as the general
+    path does is handed to it whole: a line with a field of each JSON type in each place, a field left out, an
+    unknown field, a kind of metric it does not read, gives the same records in the same order and the same
+    problems, with the same messages, as the general path alone. Valid lines take the typed path."""
+    assert otlpjson.typedlines is not None and otlpjson._FAST_LOADS is not None, "msgspec: the report extra"
+    valid = [line + "\n" for path in sorted(job_files.iterdir()) for line in path.read_text().splitlines()]
+    firsts = {}
+    for line in valid:
+        firsts.setdefault(next(iter(json.loads(line))), line)
+    assert set(firsts) == {"resourceSpans", "resourceLogs", "resourceMetrics"}
+    mutated = [m for line in firsts.values() for m in _mutations(json.loads(line), 4000)]
+    histogram = json.loads(firsts["resourceMetrics"])
+    histogram["resourceMetrics"][0]["scopeMetrics"][0]["metrics"] = [{"name": "h", "unit": "s", "histogram": {
+        "dataPoints": [{"attributes": [{"key": "rank", "value": {"intValue": "3"}}], "timeUnixNano": "5",
+                        "count": "3", "sum": 1.5, "bucketCounts": ["1", "2"], "explicitBounds": [1.0], "min": 0.1,
+                        "max": 2}], "aggregationTemporality": 2}}]  # fmt: skip
+    mutated += _mutations(histogram, 2000)
+    for other in ("exponentialHistogram", "summary"):
+        text = json.dumps(histogram).replace('"histogram"', f'"{other}"', 1)
+        mutated += [text + "\n", text.replace('"name": "h"', '"name": "h", "histogram": null', 1) + "\n"]
+    # every mutated line between two valid ones: the resource cut applies to the one after it, or not
+    lines = [part for m in mutated for part in (m, valid[0])] + valid
+    taken = []
+    read = otlpjson.Reader._read_typed
+    otlpjson.Reader._read_typed = lambda self, *a: taken.append(read(self, *a)) or taken[-1]  # type: ignore[method-assign]
+    try:
+        fast = _read_lines(lines, typed=True)
+    finally:
+        otlpjson.Reader._read_typed = read  # type: ignore[method-assign]
+    general = _read_lines(lines, typed=False)
+    assert fast[3:] == general[3:], "the same lines, problems and messages"
+    for records_fast, records_general in zip(fast[:3], general[:3]):
+        assert records_fast == records_general
+    assert min(map(len, fast[:3])) > 300 and sum(general[4].values()) > 400, "records and problems of each kind"
+    assert sum(taken) >= len(valid) + len(mutated) // 3, "valid lines, and most odd ones, take the typed path"
+    assert not all(taken), "some lines are the general path's"

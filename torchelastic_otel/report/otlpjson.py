@@ -329,6 +329,11 @@ class _KnownResource:
     key: str  # the signal's key, quoted: a line naming it again is parsed whole
     proc: Proc
 
+    @property
+    def signal(self) -> str:
+        """The signal's top-level key."""
+        return self.key[1:-1]
+
 
 class Reader:
     """Reads files into one ``Telemetry``; each item decoded by the library, converted to a plain record."""
@@ -342,6 +347,8 @@ class Reader:
         self._ids: dict[str, str] = {}
         #: the resource text the last line began with (``_known_resource``)
         self._resource: _KnownResource | None = None
+        #: the fast path, with msgspec (the ``report`` extra)
+        self._typed = typedlines.TypedLines(self) if typedlines is not None and _FAST_LOADS is not None else None
         self._convert: dict[str, Callable[[Any, Proc], None]] = {
             "traces": self._add_span,
             "logs": self._add_log,
@@ -369,6 +376,8 @@ class Reader:
             return
         self.telemetry.lines += 1
         text, pinned = self._known_resource(line)
+        if self._typed is not None and self._read_typed(line, text, pinned):
+            return
         try:
             data = _loads(text)
         except ValueError as exc:
@@ -400,6 +409,22 @@ class Reader:
     # not parsed again: it is cut out (an empty object in its place) and its process is the last line's. Only when
     # the line names its signal once (no second key of the same name could replace the first block) and the text
     # was checked to be exactly one JSON object, equal to the resource parsed from it.
+
+    def _read_typed(self, line: str, text: str, pinned: Proc | None) -> bool:
+        """The line read by the fast path (``typedlines``), if it takes it (False: nothing of it kept)."""
+        typed = self._typed
+        assert typed is not None
+        try:
+            parsed = typed.read(text, pinned, self._resource.signal if pinned is not None and self._resource else None)
+        except typedlines.Bail:
+            return False
+        if pinned is None:
+            key = next((key for key, head in _HEADS.items() if line.startswith(head)), None)
+            if key is None:  # as ``_learn_resource`` decides for a line that does not begin with a resource
+                self._resource = None
+            else:  # the line begins with its first key's first block (``_HEADS``)
+                self._learn_resource(line, {key: [{"resource": typed.resource(parsed, key)}]}, key)
+        return True
 
     def _known_resource(self, line: str) -> tuple[str, Proc | None]:
         """(the text to parse, the process of its first resource block when its resource text was cut out)."""
@@ -439,7 +464,11 @@ class Reader:
             proc = pinned if index == 0 and pinned is not None else self._proc(block, where)
             if proc is None:
                 continue
-            for scope in block.get(scope_key) or []:
+            scopes = block.get(scope_key) or []
+            if not isinstance(scopes, list):
+                self.telemetry.problems.add("invalid_otlp", where, f"{scope_key} is not a list")
+                continue
+            for scope in scopes:
                 items = scope.get(item_key) if isinstance(scope, dict) else None
                 for item in items if isinstance(items, list) else []:
                     try:
@@ -821,3 +850,11 @@ def _load_into(fh: IO[bytes], reader: Reader) -> None:
         tel.spans.extend(spans)
         tel.logs.extend(logs)
         tel.points.extend(points)
+
+
+# the fast path of ``Reader`` (``typedlines``): with msgspec, the ``report`` extra; imported last, as it uses this
+# module's value rules
+try:
+    from torchelastic_otel.report import typedlines
+except ImportError:  # no msgspec: every line takes the general path
+    typedlines = None  # type: ignore[assignment]

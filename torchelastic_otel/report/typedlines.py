@@ -1,0 +1,309 @@
+"""A line of OTLP JSON decoded by a typed schema: the reader's fast path, with msgspec (the ``report`` extra).
+
+Most of a 1,000-node run's reading time was spent making and converting objects no view reads: every attribute
+list is a list of ``{"key": ..., "value": {"stringValue": ...}}`` dicts, repeated on millions of records (every
+rank's ``{"step": 5}``, every output line's stream), and every item carries fields nothing reads (descriptions,
+flags, scopes). Decoded by msgspec into the ``Struct`` s below, an attribute list or a resource stays its raw JSON
+text (``msgspec.Raw``: found, not parsed), which is looked up by its bytes: each distinct one is converted once.
+Fields no view reads are skipped by the parser.
+
+The fast path takes only what it can take exactly as the general path (``otlpjson.Reader``) would: a line the
+schema rejects (an unknown top-level key, a ``null`` list, a value of another JSON type, an exponential histogram)
+or an item whose conversion raises is handed whole to the general path, with nothing of it kept, so the records,
+their order and every problem counted are the general path's. ``tests/unit/test_report_input.py`` reads lines both
+ways and compares.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Union
+
+import msgspec
+from msgspec import UNSET, Raw, Struct, UnsetType
+
+from torchelastic_otel.report import otlpjson as general
+from torchelastic_otel.report.records import LogRecord, Point, Proc, Span, SpanEvent
+
+if TYPE_CHECKING:
+    from torchelastic_otel.report.otlpjson import Reader
+
+_NULL = Raw(b"null")  # an absent attribute list or resource: decoded as ``None``, as the general path reads it
+
+
+class _Span(Struct, rename="camel"):
+    trace_id: Any = None
+    span_id: Any = None
+    parent_span_id: Any = None
+    name: Any = None
+    start_time_unix_nano: Any = None
+    end_time_unix_nano: Any = None
+    attributes: Raw = _NULL
+    events: Any = None
+    links: Any = None
+    status: Any = None
+
+
+class _Log(Struct, rename="camel"):
+    time_unix_nano: Any = None
+    observed_time_unix_nano: Any = None
+    severity_number: Any = None
+    severity_text: Any = None
+    body: Any = None
+    event_name: Any = None
+    attributes: Raw = _NULL
+    trace_id: Any = None
+    span_id: Any = None
+
+
+class _DataPoint(Struct, rename="camel"):
+    attributes: Raw = _NULL
+    time_unix_nano: Any = None
+    as_double: Any = None
+    as_int: Any = None
+    count: Any = None
+    sum: Any = None
+    explicit_bounds: Any = None
+    bucket_counts: Any = None
+    min: Any = None
+    max: Any = None
+
+
+class _Data(Struct, rename="camel"):
+    data_points: list[_DataPoint] = []
+    is_monotonic: Any = False
+
+
+class _Metric(Struct, rename="camel"):
+    name: Any = None
+    unit: Any = None
+    gauge: Union[_Data, None] = None
+    sum: Union[_Data, None] = None
+    histogram: Union[_Data, None] = None
+    exponential_histogram: Any = None  # not read by the fast path: such a line goes the general way
+    summary: Any = None
+
+
+class _ScopeSpans(Struct, rename="camel"):
+    spans: list[_Span] = []
+
+
+class _ScopeLogs(Struct, rename="camel"):
+    log_records: list[_Log] = []
+
+
+class _ScopeMetrics(Struct, rename="camel"):
+    metrics: list[_Metric] = []
+
+
+class _ResourceSpans(Struct, rename="camel"):
+    resource: Raw = _NULL
+    scope_spans: list[_ScopeSpans] = []
+
+
+class _ResourceLogs(Struct, rename="camel"):
+    resource: Raw = _NULL
+    scope_logs: list[_ScopeLogs] = []
+
+
+class _ResourceMetrics(Struct, rename="camel"):
+    resource: Raw = _NULL
+    scope_metrics: list[_ScopeMetrics] = []
+
+
+class _Line(Struct, rename="camel", forbid_unknown_fields=True):
+    """A line: an unknown top-level key is the general path's to count."""
+
+    resource_spans: Union[list[_ResourceSpans], UnsetType] = UNSET
+    resource_logs: Union[list[_ResourceLogs], UnsetType] = UNSET
+    resource_metrics: Union[list[_ResourceMetrics], UnsetType] = UNSET
+
+
+_DECODE = msgspec.json.Decoder(_Line).decode
+_DECODE_ANY = msgspec.json.Decoder().decode
+#: distinct attribute lists (or resources) remembered by their text; past this many, new ones are converted each
+#: time (a run whose every record has its own attributes would otherwise keep each one's text twice)
+MAX_REMEMBERED = 1 << 18
+
+
+#: top-level key -> the ``_Line`` field
+_FIELDS = {"resourceSpans": "resource_spans", "resourceLogs": "resource_logs", "resourceMetrics": "resource_metrics"}
+
+
+class Bail(Exception):
+    """The line is not the fast path's to read: the general path reads it whole."""
+
+
+class TypedLines:
+    """The fast path of one ``Reader``: converts a line's items as the reader's general path does, or nothing."""
+
+    def __init__(self, reader: Reader) -> None:
+        self._reader = reader
+        self._attrs: dict[bytes, dict[str, Any]] = {}
+        self._procs: dict[bytes, Proc] = {}
+
+    def read(self, text: str, pinned: Proc | None, pinned_key: str | None) -> _Line:
+        """Read ``text`` (a line, its first resource perhaps cut out: then ``pinned`` is the process of the first
+        block of ``pinned_key``), or raise ``Bail`` having kept nothing."""
+        try:
+            line = _DECODE(text)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise Bail from exc
+        tel = self._reader.telemetry
+        sizes = (len(tel.spans), len(tel.logs), len(tel.points))
+        try:
+            self._convert(line, pinned, pinned_key)
+        except Exception as exc:  # noqa: BLE001 - whatever the general path would count or reject, it does
+            del tel.spans[sizes[0] :], tel.logs[sizes[1] :], tel.points[sizes[2] :]
+            raise Bail from exc
+        return line
+
+    @staticmethod
+    def resource(line: _Line, key: str) -> Any:
+        """The first ``key`` block's resource as the general path parses it (None if absent)."""
+        return _DECODE_ANY(bytes(getattr(line, _FIELDS[key])[0].resource))
+
+    def _convert(self, line: _Line, pinned: Proc | None, pinned_key: str | None) -> None:
+        seen = False
+        if line.resource_spans is not UNSET:
+            seen = True
+            for index, block in enumerate(line.resource_spans):
+                proc = pinned if index == 0 and pinned_key == "resourceSpans" else self._proc(block.resource)
+                for scope in block.scope_spans:
+                    for span in scope.spans:
+                        self._add_span(span, proc)
+        if line.resource_logs is not UNSET:
+            seen = True
+            for index, block in enumerate(line.resource_logs):
+                proc = pinned if index == 0 and pinned_key == "resourceLogs" else self._proc(block.resource)
+                for scope in block.scope_logs:
+                    for record in scope.log_records:
+                        self._add_log(record, proc)
+        if line.resource_metrics is not UNSET:
+            seen = True
+            for index, block in enumerate(line.resource_metrics):
+                proc = pinned if index == 0 and pinned_key == "resourceMetrics" else self._proc(block.resource)
+                for scope in block.scope_metrics:
+                    for metric in scope.metrics:
+                        self._add_metric(metric, proc)
+        if not seen:
+            raise Bail("no signal: the general path counts it")
+
+    # ---- shared parts ----------------------------------------------------------------------------------------
+
+    def _proc(self, raw: Raw) -> Proc:
+        key = bytes(raw)
+        proc = self._procs.get(key)
+        if proc is None:
+            proc = self._reader.procs.get(_DECODE_ANY(key) or {})
+            if len(self._procs) < MAX_REMEMBERED:
+                self._procs[key] = proc
+        return proc
+
+    def _attributes(self, raw: Raw) -> dict[str, Any]:
+        key = bytes(raw)
+        attrs = self._attrs.get(key)
+        if attrs is None:
+            attrs = self._reader._shared(general.attributes(_DECODE_ANY(key)))
+            if len(self._attrs) < MAX_REMEMBERED:
+                self._attrs[key] = attrs
+        return attrs
+
+    # ---- items: each as ``Reader._add_span`` / ``_add_log`` / ``_add_metric`` makes it ---------------------------
+
+    def _add_span(self, span: _Span, proc: Proc) -> None:
+        reader = self._reader
+        status = span.status
+        if status is None:
+            status = general._EMPTY
+        elif type(status) is not dict:
+            raise Bail("status")
+        start = general._i64(span.start_time_unix_nano, "start_time_unix_nano")
+        end = general._i64(span.end_time_unix_nano, "end_time_unix_nano")
+        events = general._NO_EVENTS
+        raw_events = span.events
+        if raw_events is not None and (type(raw_events) is not list or raw_events):
+            events = [self._event(event) for event in general._list(raw_events, "events")]
+        links = span.links
+        if links is not None and type(links) is not list:
+            raise Bail("links")
+        known, ids = reader._ids.get, reader._id
+        trace_id, span_id, parent_id = span.trace_id, span.span_id, span.parent_span_id
+        trace_id = (type(trace_id) is str and known(trace_id)) or ids(trace_id, "trace_id")
+        span_id = (type(span_id) is str and known(span_id)) or ids(span_id, "span_id")
+        parent_id = (type(parent_id) is str and known(parent_id)) or ids(parent_id, "parent_span_id")
+        name = span.name
+        code, message = status.get("code"), status.get("message")
+        reader.telemetry.spans.append(
+            Span(
+                trace_id,
+                span_id,
+                parent_id,
+                general._intern(name if type(name) is str else general._str(name, "name")),
+                start,
+                end if end > start else start,
+                self._attributes(span.attributes),
+                code if type(code) is int else general._enum(code, "code"),
+                message if type(message) is str else general._str(message, "message"),
+                events,
+                proc,
+            )
+        )
+
+    def _event(self, raw: Any) -> SpanEvent:
+        event = general._dict(raw, "data")
+        return SpanEvent(general._intern(general._str(event.get("name"), "name")),
+                         general._i64(event.get("timeUnixNano"), "time_unix_nano"),
+                         self._reader._shared(general.attributes(event.get("attributes"))))  # fmt: skip
+
+    def _add_log(self, record: _Log, proc: Proc) -> None:
+        reader = self._reader
+        time = general._i64(record.time_unix_nano, "time_unix_nano")
+        observed = general._i64(record.observed_time_unix_nano, "observed_time_unix_nano")
+        severity, severity_text, event_name = record.severity_number, record.severity_text, record.event_name
+        severity = severity if type(severity) is int else general._enum(severity, "severity_number")
+        severity_text = general._intern(
+            severity_text if type(severity_text) is str else general._str(severity_text, "severity_text")
+        )
+        body = record.body
+        text = body.get("stringValue") if type(body) is dict and len(body) == 1 else None
+        body = text if type(text) is str else general.value(body)
+        event_name = general._intern(event_name if type(event_name) is str else general._str(event_name, "event_name"))
+        attrs = self._attributes(record.attributes)
+        ids = reader._id
+        reader.telemetry.logs.append(
+            LogRecord(time or observed, severity, severity_text, body, event_name, attrs,
+                      ids(record.trace_id, "trace_id"), ids(record.span_id, "span_id"), proc)  # fmt: skip
+        )
+
+    def _add_metric(self, metric: _Metric, proc: Proc) -> None:
+        if metric.exponential_histogram is not None or metric.summary is not None:
+            raise Bail("a kind the fast path does not read")
+        name, unit = metric.name, metric.unit
+        name = general._intern(name if type(name) is str else general._str(name, "name"))
+        unit = general._intern(unit if type(unit) is str else general._str(unit, "unit"))
+        out = self._reader.telemetry.points
+        for kind, data in (("gauge", metric.gauge), ("sum", metric.sum), ("histogram", metric.histogram)):
+            if data is None:
+                continue
+            monotonic = bool(data.is_monotonic)
+            for dp in data.data_points:
+                point = Point(name, kind, unit, general._i64(dp.time_unix_nano, "time_unix_nano"), None,
+                              self._attributes(dp.attributes), proc, monotonic, None)  # fmt: skip
+                if kind == "histogram":
+                    self._distribution(point, dp)
+                else:
+                    if dp.as_double is not None:
+                        point.value = general._f64(dp.as_double, "as_double")
+                    elif dp.as_int is not None:
+                        point.value = float(general._i64(dp.as_int, "as_int"))
+                out.append(point)
+
+    def _distribution(self, point: Point, dp: _DataPoint) -> None:
+        """``otlpjson._point_value`` and ``_distribution`` of a histogram point."""
+        count = general._i64(dp.count, "count")
+        total = None if dp.sum is None else general._f64(dp.sum, "sum")
+        point.value, point.count = (float(total) / count if count and total is not None else None), count
+        raw = {"sum": dp.sum, "explicitBounds": dp.explicit_bounds, "bucketCounts": dp.bucket_counts,
+               "min": dp.min, "max": dp.max}  # fmt: skip
+        general._distribution(point, raw)
+        point.bounds = self._reader._bounds.setdefault(point.bounds, point.bounds)
