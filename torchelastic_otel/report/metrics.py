@@ -10,7 +10,9 @@ charts of ``max_points`` points a line (evenly thinned, first and last kept).
 from __future__ import annotations
 
 import collections
+import itertools
 import json
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +52,9 @@ class Table:
     rows: list[tuple[Stream, list[str]]]
     left_out_rows: int = 0
     left_out_columns: int = 0
+
+
+_PROC_OF = operator.attrgetter("proc")
 
 
 def streams(points: list[Point]) -> list[Stream]:
@@ -95,16 +100,28 @@ def _last(points: list[Point]) -> Point:
     return max(points, key=lambda p: ((p.proc.restart or 0), p.time))
 
 
+def _procs_by_id(all_streams: list[Stream]) -> dict[int, Proc]:
+    """Every process of the points, by id (a run's processes are one object each: the reader's ``Proc`` s), listed
+    at C speed: 1.5 M points at 1,000 nodes."""
+    procs: dict[int, Proc] = {}
+    for stream in all_streams:
+        procs.update(zip(map(id, map(_PROC_OF, stream.points)), map(_PROC_OF, stream.points)))
+    return procs
+
+
 def table(all_streams: list[Stream], max_rows: int = 200, max_ranks: int = 16) -> Table:
-    procs = {p.proc for s in all_streams for p in s.points}
-    ranks = sorted({p.rank for p in procs if p.kind == "worker" and p.rank is not None})
-    others = sorted({column(p) for p in procs if p.kind != "worker"})
+    procs = _procs_by_id(all_streams)
+    ranks = sorted({p.rank for p in procs.values() if p.kind == "worker" and p.rank is not None})
+    others = sorted({column(p) for p in procs.values() if p.kind != "worker"})
     columns = others + [f"rank {r}" for r in ranks[:max_ranks]]
+    shown = set(columns)
+    column_of = {i: name for i, name in ((i, column(p)) for i, p in procs.items()) if name in shown}
     rows = []
     for stream in all_streams[:max_rows]:
         per_column: dict[str, list[Point]] = collections.defaultdict(list)
-        for point in stream.points:
-            per_column[column(point.proc)].append(point)
+        points = stream.points  # those of the columns shown (most ranks are not), in their order
+        for point in itertools.compress(points, map(column_of.__contains__, map(id, map(_PROC_OF, points)))):
+            per_column[column_of[id(point.proc)]].append(point)
         cells = []
         for name in columns:
             pts = per_column.get(name)

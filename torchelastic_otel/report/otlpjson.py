@@ -355,6 +355,21 @@ class Reader:
             "metrics": self._add_metric,
         }
 
+    def forget(self) -> None:
+        """Forget what only makes reading faster and the records smaller (the decoded ids, the index of shared
+        attribute sets, the typed path's texts: hundreds of MB at 1,000 nodes): before the reading helper's records
+        are loaded, when they are no longer of use. The reader can read on, starting them again."""
+        self._ids, self._attrs, self._bounds, self._resource = {}, {}, {}, None
+        if self._typed is not None:
+            self._typed.forget()
+
+    def close(self) -> None:
+        """``forget``, and the reader's reference cycles (its converters, its typed path), so that reference
+        counting frees it as reading ends: the report builds its views with cyclic collection off. The telemetry
+        stays; the reader reads no more."""
+        self.forget()
+        self._typed, self._convert = None, {}
+
     def read_file(self, path: Path) -> None:
         problems = self.telemetry.problems
         self.telemetry.files.append(str(path))
@@ -419,12 +434,20 @@ class Reader:
         except typedlines.Bail:
             return False
         if pinned is None:
-            key = next((key for key, head in _HEADS.items() if line.startswith(head)), None)
-            if key is None:  # as ``_learn_resource`` decides for a line that does not begin with a resource
-                self._resource = None
-            else:  # the line begins with its first key's first block (``_HEADS``)
-                self._learn_resource(line, {key: [{"resource": typed.resource(parsed, key)}]}, key)
+            self._learn_typed(line, typed, parsed)
         return True
+
+    def _learn_typed(self, line: str, typed: typedlines.TypedLines, parsed: Any) -> None:
+        """``_learn_resource`` for a line the typed path read: its first resource's text and process are those
+        the typed path found (the text as the parser delimited it, the process already made from it)."""
+        self._resource = None
+        key = next((key for key, head in _HEADS.items() if line.startswith(head)), None)
+        if key is None or line.count(_QUOTED[key], len(_HEADS[key])) != 0:
+            return
+        text, proc = typed.first_resource(parsed, key)
+        end = len(_HEADS[key]) + len(text)
+        if text.startswith("{") and line.startswith(text, len(_HEADS[key])) and line[end : end + 1] in (",", "}"):
+            self._resource = _KnownResource(line[:end], _HEADS[key], _QUOTED[key], proc)
 
     def _known_resource(self, line: str) -> tuple[str, Proc | None]:
         """(the text to parse, the process of its first resource block when its resource text was cut out)."""
@@ -688,6 +711,7 @@ def read(paths: Iterable[str | os.PathLike[str]]) -> Telemetry:
     try:
         _read_files(reader, find_files(paths))
     finally:
+        reader.close()
         if collecting:
             gc.enable()
     tel = reader.telemetry
@@ -724,6 +748,8 @@ def _read_files(reader: Reader, files: list[Path]) -> None:
         if helper is not None:
             helper.abandon()
         raise
+    if helper is not None:
+        reader.forget()  # the memory for the helper's records
     if helper is None or not helper.merge_into(reader):
         for path in files[half:]:
             reader.read_file(path)
@@ -741,9 +767,10 @@ def _parallel_worth(files: list[Path]) -> bool:
     return cpus > 1 and hasattr(os, "fork") and sum(map(_size, files)) >= PARALLEL_BYTES
 
 
-#: the share of the bytes the helper reads, so that both halves end together (measured at 1,024 nodes): the helper
+#: the share of the bytes the helper reads, so that both halves end together (measured at 1,024 nodes: the files are
+#: read in name order, the helper's share mostly traces, cheaper a byte than logs and metrics): the helper
 #: also pickles its records (a tenth more work), and this process then loads them (a little less)
-HELPER_SHARE = 0.48
+HELPER_SHARE = 0.50
 
 
 def _split(files: list[Path]) -> int:

@@ -8,6 +8,7 @@ tree of bounded size.
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Iterable
 
 from torchelastic_otel import _names as names
@@ -58,20 +59,24 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+_NAME, _START, _SPAN_ID = operator.attrgetter("name"), operator.attrgetter("start"), operator.attrgetter("span_id")
+
+
 def render(spans: Iterable[Span], max_lines: int = 200) -> list[str]:
     """The tree of ``spans`` (children by start time under their parent; spans whose parent is absent are roots)."""
-    spans = sorted(spans, key=lambda s: (s.start, s.name))
-    ids = {s.span_id for s in spans}
+    spans = list(spans)
+    ids = set(map(_SPAN_ID, spans))
     children: dict[str, list[Span]] = collections.defaultdict(list)
     roots: list[Span] = []
     for span in spans:
         (children[span.parent_id] if span.parent_id in ids and span.parent_id != span.span_id else roots).append(span)
+    roots = _in_order(roots)
     lines: list[str] = []
     shown = 0
 
     def walk(level: list[Span], prefix: str, top: bool) -> None:
         nonlocal shown
-        folded = _fold(level, children)
+        folded = _fold(_in_order(level), children)
         for index, (span, count) in enumerate(folded):
             if len(lines) >= max_lines:
                 return
@@ -90,6 +95,12 @@ def render(spans: Iterable[Span], max_lines: int = 200) -> list[str]:
     if shown < len(spans):
         lines.append(f"... {len(spans) - shown} more spans not shown")
     return lines
+
+
+def _in_order(spans: list[Span]) -> list[Span]:
+    """By start, then name (two stable sorts on one attribute each, at C speed). Only the levels the tree shows
+    are sorted: 750,000 spans at 1,000 nodes, of which a tree shows a few hundred."""
+    return sorted(sorted(spans, key=_NAME), key=_START)
 
 
 def _fold(level: list[Span], children: dict[str, list[Span]]) -> list[tuple[Span, int]]:

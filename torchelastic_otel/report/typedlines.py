@@ -30,6 +30,12 @@ if TYPE_CHECKING:
 _NULL = Raw(b"null")  # an absent attribute list or resource: decoded as ``None``, as the general path reads it
 
 
+class _Event(Struct, rename="camel"):
+    name: Any = None
+    time_unix_nano: Any = None
+    attributes: Raw = _NULL
+
+
 class _Span(Struct, rename="camel"):
     trace_id: Any = None
     span_id: Any = None
@@ -38,7 +44,7 @@ class _Span(Struct, rename="camel"):
     start_time_unix_nano: Any = None
     end_time_unix_nano: Any = None
     attributes: Raw = _NULL
-    events: Any = None
+    events: Union[list[_Event], None] = None
     links: Any = None
     status: Any = None
 
@@ -141,6 +147,10 @@ class TypedLines:
         self._attrs: dict[bytes, dict[str, Any]] = {}
         self._procs: dict[bytes, Proc] = {}
 
+    def forget(self) -> None:
+        """Forget the texts seen (``Reader.forget``)."""
+        self._attrs, self._procs = {}, {}
+
     def read(self, text: str, pinned: Proc | None, pinned_key: str | None) -> _Line:
         """Read ``text`` (a line, its first resource perhaps cut out: then ``pinned`` is the process of the first
         block of ``pinned_key``), or raise ``Bail`` having kept nothing."""
@@ -157,10 +167,10 @@ class TypedLines:
             raise Bail from exc
         return line
 
-    @staticmethod
-    def resource(line: _Line, key: str) -> Any:
-        """The first ``key`` block's resource as the general path parses it (None if absent)."""
-        return _DECODE_ANY(bytes(getattr(line, _FIELDS[key])[0].resource))
+    def first_resource(self, line: _Line, key: str) -> tuple[str, Proc]:
+        """The text of the first ``key`` block's resource, as the parser delimited it, and its process."""
+        raw = getattr(line, _FIELDS[key])[0].resource
+        return bytes(raw).decode(), self._proc(raw)
 
     def _convert(self, line: _Line, pinned: Proc | None, pinned_key: str | None) -> None:
         seen = False
@@ -219,10 +229,7 @@ class TypedLines:
             raise Bail("status")
         start = general._i64(span.start_time_unix_nano, "start_time_unix_nano")
         end = general._i64(span.end_time_unix_nano, "end_time_unix_nano")
-        events = general._NO_EVENTS
-        raw_events = span.events
-        if raw_events is not None and (type(raw_events) is not list or raw_events):
-            events = [self._event(event) for event in general._list(raw_events, "events")]
+        events = [self._event(event) for event in span.events] if span.events else general._NO_EVENTS
         links = span.links
         if links is not None and type(links) is not list:
             raise Bail("links")
@@ -249,11 +256,10 @@ class TypedLines:
             )
         )
 
-    def _event(self, raw: Any) -> SpanEvent:
-        event = general._dict(raw, "data")
-        return SpanEvent(general._intern(general._str(event.get("name"), "name")),
-                         general._i64(event.get("timeUnixNano"), "time_unix_nano"),
-                         self._reader._shared(general.attributes(event.get("attributes"))))  # fmt: skip
+    def _event(self, event: _Event) -> SpanEvent:
+        name = event.name
+        return SpanEvent(general._intern(name if type(name) is str else general._str(name, "name")),
+                         general._i64(event.time_unix_nano, "time_unix_nano"), self._attributes(event.attributes))  # fmt: skip
 
     def _add_log(self, record: _Log, proc: Proc) -> None:
         reader = self._reader
