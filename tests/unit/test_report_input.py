@@ -445,7 +445,7 @@ def test_the_typed_path_reads_what_the_general_path_reads(job_files: Path) -> No
         otlpjson.Reader._read_typed = read  # type: ignore[method-assign]
     general = _read_lines(lines, typed=False)
     assert fast[3:] == general[3:], "the same lines, problems and messages"
-    for records_fast, records_general in zip(fast[:3], general[:3]):
+    for records_fast, records_general in zip(fast[:3], general[:3], strict=True):
         assert records_fast == records_general
     assert min(map(len, fast[:3])) > 300 and sum(general[4].values()) > 400, "records and problems of each kind"
     assert sum(taken) >= len(valid) + len(mutated) // 3, "valid lines, and most odd ones, take the typed path"

@@ -105,7 +105,7 @@ def _procs_by_id(all_streams: list[Stream]) -> dict[int, Proc]:
     at C speed: 1.5 M points at 1,000 nodes."""
     procs: dict[int, Proc] = {}
     for stream in all_streams:
-        procs.update(zip(map(id, map(_PROC_OF, stream.points)), map(_PROC_OF, stream.points)))
+        procs.update(zip(map(id, map(_PROC_OF, stream.points)), map(_PROC_OF, stream.points), strict=True))
     return procs
 
 

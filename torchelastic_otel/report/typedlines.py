@@ -16,16 +16,13 @@ ways and compares.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Protocol
 
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
-from torchelastic_otel.report import otlpjson as general
-from torchelastic_otel.report.records import LogRecord, Point, Proc, Span, SpanEvent
-
-if TYPE_CHECKING:
-    from torchelastic_otel.report.otlpjson import Reader
+from torchelastic_otel.report import otlpvalues as general
+from torchelastic_otel.report.records import LogRecord, Point, Proc, Span, SpanEvent, Telemetry
 
 _NULL = Raw(b"null")  # an absent attribute list or resource: decoded as ``None``, as the general path reads it
 
@@ -44,7 +41,7 @@ class _Span(Struct, rename="camel"):
     start_time_unix_nano: Any = None
     end_time_unix_nano: Any = None
     attributes: Raw = _NULL
-    events: Union[list[_Event], None] = None
+    events: list[_Event] | None = None
     links: Any = None
     status: Any = None
 
@@ -82,9 +79,9 @@ class _Data(Struct, rename="camel"):
 class _Metric(Struct, rename="camel"):
     name: Any = None
     unit: Any = None
-    gauge: Union[_Data, None] = None
-    sum: Union[_Data, None] = None
-    histogram: Union[_Data, None] = None
+    gauge: _Data | None = None
+    sum: _Data | None = None
+    histogram: _Data | None = None
     exponential_histogram: Any = None  # not read by the fast path: such a line goes the general way
     summary: Any = None
 
@@ -119,9 +116,9 @@ class _ResourceMetrics(Struct, rename="camel"):
 class _Line(Struct, rename="camel", forbid_unknown_fields=True):
     """A line: an unknown top-level key is the general path's to count."""
 
-    resource_spans: Union[list[_ResourceSpans], UnsetType] = UNSET
-    resource_logs: Union[list[_ResourceLogs], UnsetType] = UNSET
-    resource_metrics: Union[list[_ResourceMetrics], UnsetType] = UNSET
+    resource_spans: list[_ResourceSpans] | UnsetType = UNSET
+    resource_logs: list[_ResourceLogs] | UnsetType = UNSET
+    resource_metrics: list[_ResourceMetrics] | UnsetType = UNSET
 
 
 _DECODE = msgspec.json.Decoder(_Line).decode
@@ -133,6 +130,26 @@ MAX_REMEMBERED = 1 << 18
 
 #: top-level key -> the ``_Line`` field
 _FIELDS = {"resourceSpans": "resource_spans", "resourceLogs": "resource_logs", "resourceMetrics": "resource_metrics"}
+
+
+def _named(line: _Line) -> bool:
+    """Whether the line names a signal (an empty list of one is still OTLP)."""
+    return any(blocks is not UNSET for blocks in (line.resource_spans, line.resource_logs, line.resource_metrics))
+
+
+class Reader(Protocol):
+    """What the typed path uses of ``otlpjson.Reader``: its records, caches and processes."""
+
+    telemetry: Telemetry
+    _ids: dict[str, str]
+    _bounds: dict[tuple[float, ...], tuple[float, ...]]
+
+    @property
+    def procs(self) -> Any: ...
+
+    def _id(self, raw: Any, field: str) -> str: ...
+
+    def _shared(self, attrs: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class Bail(Exception):
@@ -162,7 +179,7 @@ class TypedLines:
         sizes = (len(tel.spans), len(tel.logs), len(tel.points))
         try:
             self._convert(line, pinned, pinned_key)
-        except Exception as exc:  # noqa: BLE001 - whatever the general path would count or reject, it does
+        except Exception as exc:  # whatever the general path would count or reject, it does
             del tel.spans[sizes[0] :], tel.logs[sizes[1] :], tel.points[sizes[2] :]
             raise Bail from exc
         return line
@@ -173,32 +190,35 @@ class TypedLines:
         return bytes(raw).decode(), self._proc(raw)
 
     def _convert(self, line: _Line, pinned: Proc | None, pinned_key: str | None) -> None:
-        seen = False
+        if not _named(line):
+            raise Bail("no signal: the general path counts it")
         if line.resource_spans is not UNSET:
-            seen = True
-            for index, block in enumerate(line.resource_spans):
-                proc = pinned if index == 0 and pinned_key == "resourceSpans" else self._proc(block.resource)
-                for scope in block.scope_spans:
+            for index, spans in enumerate(line.resource_spans):
+                pin = pinned if index == 0 and pinned_key == "resourceSpans" else None
+                proc = self._block_proc(spans.resource, pin)
+                for scope in spans.scope_spans:
                     for span in scope.spans:
                         self._add_span(span, proc)
         if line.resource_logs is not UNSET:
-            seen = True
-            for index, block in enumerate(line.resource_logs):
-                proc = pinned if index == 0 and pinned_key == "resourceLogs" else self._proc(block.resource)
-                for scope in block.scope_logs:
-                    for record in scope.log_records:
+            for index, logs in enumerate(line.resource_logs):
+                pin = pinned if index == 0 and pinned_key == "resourceLogs" else None
+                proc = self._block_proc(logs.resource, pin)
+                for log_scope in logs.scope_logs:
+                    for record in log_scope.log_records:
                         self._add_log(record, proc)
         if line.resource_metrics is not UNSET:
-            seen = True
-            for index, block in enumerate(line.resource_metrics):
-                proc = pinned if index == 0 and pinned_key == "resourceMetrics" else self._proc(block.resource)
-                for scope in block.scope_metrics:
-                    for metric in scope.metrics:
+            for index, metrics in enumerate(line.resource_metrics):
+                pin = pinned if index == 0 and pinned_key == "resourceMetrics" else None
+                proc = self._block_proc(metrics.resource, pin)
+                for metric_scope in metrics.scope_metrics:
+                    for metric in metric_scope.metrics:
                         self._add_metric(metric, proc)
-        if not seen:
-            raise Bail("no signal: the general path counts it")
 
     # ---- shared parts ----------------------------------------------------------------------------------------
+
+    def _block_proc(self, raw: Raw, pinned: Proc | None) -> Proc:
+        """A block's process: ``pinned`` when its resource text was cut out (``Reader._known_resource``)."""
+        return pinned if pinned is not None else self._proc(raw)
 
     def _proc(self, raw: Raw) -> Proc:
         key = bytes(raw)
@@ -258,8 +278,8 @@ class TypedLines:
 
     def _event(self, event: _Event) -> SpanEvent:
         name = event.name
-        return SpanEvent(general._intern(name if type(name) is str else general._str(name, "name")),
-                         general._i64(event.time_unix_nano, "time_unix_nano"), self._attributes(event.attributes))  # fmt: skip
+        name = general._intern(name if type(name) is str else general._str(name, "name"))
+        return SpanEvent(name, general._i64(event.time_unix_nano, "time_unix_nano"), self._attributes(event.attributes))
 
     def _add_log(self, record: _Log, proc: Proc) -> None:
         reader = self._reader
@@ -277,8 +297,17 @@ class TypedLines:
         attrs = self._attributes(record.attributes)
         ids = reader._id
         reader.telemetry.logs.append(
-            LogRecord(time or observed, severity, severity_text, body, event_name, attrs,
-                      ids(record.trace_id, "trace_id"), ids(record.span_id, "span_id"), proc)  # fmt: skip
+            LogRecord(
+                time or observed,
+                severity,
+                severity_text,
+                body,
+                event_name,
+                attrs,
+                ids(record.trace_id, "trace_id"),
+                ids(record.span_id, "span_id"),
+                proc,
+            )  # fmt: skip
         )
 
     def _add_metric(self, metric: _Metric, proc: Proc) -> None:
