@@ -180,7 +180,7 @@ def _distribution(point: Point, dp: dict[str, Any]) -> None:
     except (TypeError, ValueError):
         bounds = tuple(_f64(b, "explicit_bounds") for b in raw_bounds)
         buckets = tuple(_i64(n, "bucket_counts") for n in raw_buckets)
-    if buckets and len(buckets) == len(bounds) + 1 and all(n >= 0 for n in buckets):
+    if buckets and len(buckets) == len(bounds) + 1 and min(buckets) >= 0:
         point.bounds, point.buckets = bounds, buckets
     point.low = None if dp.get("min") is None else _f64(dp["min"], "min")
     point.high = None if dp.get("max") is None else _f64(dp["max"], "max")

@@ -295,7 +295,10 @@ class TypedLines:
         body = text if type(text) is str else general.value(body)
         event_name = general._intern(event_name if type(event_name) is str else general._str(event_name, "event_name"))
         attrs = self._attributes(record.attributes)
-        ids = reader._id
+        known, ids = reader._ids.get, reader._id
+        trace_id, span_id = record.trace_id, record.span_id
+        trace_id = (type(trace_id) is str and known(trace_id)) or ids(trace_id, "trace_id")
+        span_id = (type(span_id) is str and known(span_id)) or ids(span_id, "span_id")
         reader.telemetry.logs.append(
             LogRecord(
                 time or observed,
@@ -304,8 +307,8 @@ class TypedLines:
                 body,
                 event_name,
                 attrs,
-                ids(record.trace_id, "trace_id"),
-                ids(record.span_id, "span_id"),
+                trace_id,
+                span_id,
                 proc,
             )  # fmt: skip
         )
