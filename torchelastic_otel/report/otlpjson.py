@@ -415,12 +415,20 @@ class Reader:
         links = get("links")
         if links is not None and type(links) is not list:
             _list(links, "links")
+        self.span(get("traceId"), get("spanId"), get("parentSpanId"), get("name"), start, end, get("attributes"),
+                  self._attributes, status, events, proc)  # fmt: skip
+
+    # the rest of a span and a log record, as both paths make them (the typed path, ``typedlines``, has the fields
+    # from its structs, and its own way to convert an attribute list: ``attrs_of``)
+
+    def span(self, trace_id: Any, span_id: Any, parent_id: Any, name: Any, start: int, end: int, attrs: Any,
+             attrs_of: Callable[[Any], dict[str, Any]], status: dict[str, Any], events: list[SpanEvent],
+             proc: Proc) -> None:  # fmt: skip
+        """Append the span of these fields (``status`` checked to be a dict, ``events`` made)."""
         known, ids = self._ids.get, self._id
-        trace_id, span_id, parent_id = get("traceId"), get("spanId"), get("parentSpanId")
         trace_id = (type(trace_id) is str and known(trace_id)) or ids(trace_id, "trace_id")
         span_id = (type(span_id) is str and known(span_id)) or ids(span_id, "span_id")
         parent_id = (type(parent_id) is str and known(parent_id)) or ids(parent_id, "parent_span_id")
-        name = get("name")
         code, message = status.get("code"), status.get("message")
         self.telemetry.spans.append(
             Span(
@@ -430,7 +438,7 @@ class Reader:
                 _intern(name if type(name) is str else _str(name, "name")),
                 start,
                 end if end > start else start,
-                self._shared(attributes(get("attributes"))),
+                attrs_of(attrs),
                 code if type(code) is int else _enum(code, "code"),
                 message if type(message) is str else _str(message, "message"),
                 events,
@@ -438,33 +446,34 @@ class Reader:
             )
         )
 
-    def _add_log(self, raw: Any, proc: Proc) -> None:
-        record = raw if type(raw) is dict else _dict(raw, "data")
-        get = record.get
-        time = _i64(get("timeUnixNano"), "time_unix_nano")
-        observed = _i64(get("observedTimeUnixNano"), "observed_time_unix_nano")
-        severity, severity_text, event_name = get("severityNumber"), get("severityText"), get("eventName")
+    def log(self, time: Any, observed: Any, severity: Any, severity_text: Any, body: Any, event_name: Any, attrs: Any,
+            attrs_of: Callable[[Any], dict[str, Any]], trace_id: Any, span_id: Any, proc: Proc) -> None:  # fmt: skip
+        """Append the log record of these fields."""
+        time = _i64(time, "time_unix_nano")
+        observed = _i64(observed, "observed_time_unix_nano")
         severity = severity if type(severity) is int else _enum(severity, "severity_number")
         severity_text = _intern(severity_text if type(severity_text) is str else _str(severity_text, "severity_text"))
-        body = get("body")
         text = body.get("stringValue") if type(body) is dict and len(body) == 1 else None
         body = text if type(text) is str else value(body)
         event_name = _intern(event_name if type(event_name) is str else _str(event_name, "event_name"))
-        attrs = self._shared(attributes(get("attributes")))
-        ids = self._id
+        attrs = attrs_of(attrs)
+        known, ids = self._ids.get, self._id
+        trace_id = (type(trace_id) is str and known(trace_id)) or ids(trace_id, "trace_id")
+        span_id = (type(span_id) is str and known(span_id)) or ids(span_id, "span_id")
         self.telemetry.logs.append(
-            LogRecord(
-                time or observed,
-                severity,
-                severity_text,
-                body,
-                event_name,
-                attrs,
-                ids(get("traceId"), "trace_id"),
-                ids(get("spanId"), "span_id"),
-                proc,
-            )  # fmt: skip
+            LogRecord(time or observed, severity, severity_text, body, event_name, attrs, trace_id, span_id, proc)
         )
+
+    def _attributes(self, raw: Any) -> dict[str, Any]:
+        """An attribute list as the general path converts it: one shared dict for equal sets (``_shared``)."""
+        return self._shared(attributes(raw))
+
+    def _add_log(self, raw: Any, proc: Proc) -> None:
+        record = raw if type(raw) is dict else _dict(raw, "data")
+        get = record.get
+        self.log(get("timeUnixNano"), get("observedTimeUnixNano"), get("severityNumber"), get("severityText"),
+                 get("body"), get("eventName"), get("attributes"), self._attributes, get("traceId"), get("spanId"),
+                 proc)  # fmt: skip
 
     def _add_metric(self, raw: Any, proc: Proc) -> None:
         metric = raw if type(raw) is dict else _dict(raw, "data")

@@ -16,13 +16,14 @@ ways and compares.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from torchelastic_otel.report import otlpvalues as general
-from torchelastic_otel.report.records import LogRecord, Point, Proc, Span, SpanEvent, Telemetry
+from torchelastic_otel.report.records import Point, Proc, SpanEvent, Telemetry
 
 _NULL = Raw(b"null")  # an absent attribute list or resource: decoded as ``None``, as the general path reads it
 
@@ -141,15 +142,20 @@ class Reader(Protocol):
     """What the typed path uses of ``otlpjson.Reader``: its records, caches and processes."""
 
     telemetry: Telemetry
-    _ids: dict[str, str]
     _bounds: dict[tuple[float, ...], tuple[float, ...]]
 
     @property
     def procs(self) -> Any: ...
 
-    def _id(self, raw: Any, field: str) -> str: ...
-
     def _shared(self, attrs: dict[str, Any]) -> dict[str, Any]: ...
+
+    def span(self, trace_id: Any, span_id: Any, parent_id: Any, name: Any, start: int, end: int, attrs: Any,
+             attrs_of: Callable[[Any], dict[str, Any]], status: dict[str, Any], events: list[SpanEvent],
+             proc: Proc) -> None: ...  # fmt: skip
+
+    def log(self, time: Any, observed: Any, severity: Any, severity_text: Any, body: Any, event_name: Any, attrs: Any,
+            attrs_of: Callable[[Any], dict[str, Any]], trace_id: Any, span_id: Any,
+            proc: Proc) -> None: ...  # fmt: skip
 
 
 class Bail(Exception):
@@ -253,28 +259,8 @@ class TypedLines:
         links = span.links
         if links is not None and type(links) is not list:
             raise Bail("links")
-        known, ids = reader._ids.get, reader._id
-        trace_id, span_id, parent_id = span.trace_id, span.span_id, span.parent_span_id
-        trace_id = (type(trace_id) is str and known(trace_id)) or ids(trace_id, "trace_id")
-        span_id = (type(span_id) is str and known(span_id)) or ids(span_id, "span_id")
-        parent_id = (type(parent_id) is str and known(parent_id)) or ids(parent_id, "parent_span_id")
-        name = span.name
-        code, message = status.get("code"), status.get("message")
-        reader.telemetry.spans.append(
-            Span(
-                trace_id,
-                span_id,
-                parent_id,
-                general._intern(name if type(name) is str else general._str(name, "name")),
-                start,
-                end if end > start else start,
-                self._attributes(span.attributes),
-                code if type(code) is int else general._enum(code, "code"),
-                message if type(message) is str else general._str(message, "message"),
-                events,
-                proc,
-            )
-        )
+        reader.span(span.trace_id, span.span_id, span.parent_span_id, span.name, start, end, span.attributes,
+                    self._attributes, status, events, proc)  # fmt: skip
 
     def _event(self, event: _Event) -> SpanEvent:
         name = event.name
@@ -282,36 +268,9 @@ class TypedLines:
         return SpanEvent(name, general._i64(event.time_unix_nano, "time_unix_nano"), self._attributes(event.attributes))
 
     def _add_log(self, record: _Log, proc: Proc) -> None:
-        reader = self._reader
-        time = general._i64(record.time_unix_nano, "time_unix_nano")
-        observed = general._i64(record.observed_time_unix_nano, "observed_time_unix_nano")
-        severity, severity_text, event_name = record.severity_number, record.severity_text, record.event_name
-        severity = severity if type(severity) is int else general._enum(severity, "severity_number")
-        severity_text = general._intern(
-            severity_text if type(severity_text) is str else general._str(severity_text, "severity_text")
-        )
-        body = record.body
-        text = body.get("stringValue") if type(body) is dict and len(body) == 1 else None
-        body = text if type(text) is str else general.value(body)
-        event_name = general._intern(event_name if type(event_name) is str else general._str(event_name, "event_name"))
-        attrs = self._attributes(record.attributes)
-        known, ids = reader._ids.get, reader._id
-        trace_id, span_id = record.trace_id, record.span_id
-        trace_id = (type(trace_id) is str and known(trace_id)) or ids(trace_id, "trace_id")
-        span_id = (type(span_id) is str and known(span_id)) or ids(span_id, "span_id")
-        reader.telemetry.logs.append(
-            LogRecord(
-                time or observed,
-                severity,
-                severity_text,
-                body,
-                event_name,
-                attrs,
-                trace_id,
-                span_id,
-                proc,
-            )  # fmt: skip
-        )
+        self._reader.log(record.time_unix_nano, record.observed_time_unix_nano, record.severity_number,
+                         record.severity_text, record.body, record.event_name, record.attributes, self._attributes,
+                         record.trace_id, record.span_id, proc)  # fmt: skip
 
     def _add_metric(self, metric: _Metric, proc: Proc) -> None:
         if metric.exponential_histogram is not None or metric.summary is not None:
