@@ -24,6 +24,7 @@ from torchelastic_otel import _settings
 __all__ = [
     "Drainable",
     "Buffer",
+    "ItemBuffer",
     "register",
     "enable",
     "drain_all",
@@ -99,6 +100,40 @@ class Buffer:
             return True
         finally:
             self._lock.release()
+
+
+class ItemBuffer(Buffer):
+    """A buffer whose items are exported one at a time, in order, each by :meth:`export`; an item that fails is
+    given to :meth:`failed` (which counts it) and the drain goes on. A drain empties the buffer, whatever its
+    deadline: these buffers are small, and a metric collection needs them drained."""
+
+    def put(self, item: Any) -> None:
+        if len(self._pending) < self.max_pending:
+            self._pending.append(item)
+        else:
+            self._overflow += 1
+
+    def export(self, item: Any) -> None:
+        raise NotImplementedError
+
+    def failed(self, exc: Exception) -> None:
+        raise NotImplementedError
+
+    def drain(self, deadline: float | None = None) -> int:
+        with self._lock:
+            self._count_overflow()
+            pending, done = self._pending, 0
+            while pending:
+                try:
+                    item = pending.popleft()
+                except IndexError:
+                    break
+                try:
+                    self.export(item)
+                except Exception as exc:
+                    self.failed(exc)
+                done += 1
+            return done
 
 
 def _interval() -> float:

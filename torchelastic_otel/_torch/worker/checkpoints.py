@@ -497,7 +497,7 @@ class _Committed:
         self.start_ns = start_ns
 
 
-class _CheckpointBuffer(_drainer.Buffer):
+class _CheckpointBuffer(_drainer.ItemBuffer):
     """Checkpoint calls on their way to the SDK, drained by the drainer's thread (every 0.5 s, before each metric
     collection, at every flush and at exit): the training thread only appends."""
 
@@ -507,30 +507,14 @@ class _CheckpointBuffer(_drainer.Buffer):
         super().__init__(MAX_PENDING)
         _drainer.register(self)
 
-    def put(self, item: _Call | _Committed) -> None:
-        if len(self._pending) < self.max_pending:
-            self._pending.append(item)
+    def export(self, item: _Call | _Committed) -> None:
+        if isinstance(item, _Committed):
+            instruments().step.set(_step_at(item.start_ns))
         else:
-            self._overflow += 1
+            _emit(item)
 
-    def drain(self, deadline: float | None = None) -> int:
-        with self._lock:
-            self._count_overflow()
-            pending, done = self._pending, 0
-            while pending:
-                try:
-                    item = pending.popleft()
-                except IndexError:
-                    break
-                try:
-                    if isinstance(item, _Committed):
-                        instruments().step.set(_step_at(item.start_ns))
-                    else:
-                        _emit(item)
-                except Exception as exc:
-                    _dropped(exc)
-                done += 1
-            return done
+    def failed(self, exc: Exception) -> None:
+        _dropped(exc)
 
 
 _buffer = _CheckpointBuffer()

@@ -56,10 +56,7 @@ _tokens = itertools.count(1)
 def record(framework: str, values: Mapping[str, Any], step: int | None, split: str | None = None) -> None:
     """Buffer one log call's values (``split``: where the framework knows it; else ``hf``'s key prefixes)."""
     try:
-        if len(_buffer._pending) < _buffer.max_pending:
-            _buffer._pending.append(("log", framework, dict(values), step, split))
-        else:
-            _buffer._overflow += 1
+        _buffer.put(("log", framework, dict(values), step, split))
     except Exception as exc:
         _dropped(exc)
 
@@ -74,10 +71,7 @@ def begin(name: str, attributes: dict[str, Any]) -> int:
         parent = stack[-1] if stack else 0
         context = None if parent else _parent_context()
         stack.append(token)
-        if len(_buffer._pending) < _buffer.max_pending:
-            _buffer._pending.append(("begin", token, name, attributes, time.time_ns(), parent, context))
-        else:
-            _buffer._overflow += 1
+        _buffer.put(("begin", token, name, attributes, time.time_ns(), parent, context))
         return token
     except Exception as exc:
         _dropped(exc)
@@ -290,7 +284,7 @@ class _Spans:
 _spans = _Spans()
 
 
-class _FrameworkBuffer(_drainer.Buffer):
+class _FrameworkBuffer(_drainer.ItemBuffer):
     """Log calls and phase events on their way to the SDK, in the order they happened."""
 
     signal = "metrics"  # drained completely before a metric collection: the gauges are up to date
@@ -299,26 +293,16 @@ class _FrameworkBuffer(_drainer.Buffer):
         super().__init__(MAX_PENDING)
         _drainer.register(self)
 
-    def drain(self, deadline: float | None = None) -> int:
-        with self._lock:
-            self._count_overflow()
-            pending, done = self._pending, 0
-            while pending:
-                try:
-                    item = pending.popleft()
-                except IndexError:
-                    break
-                try:
-                    if item[0] == "log":
-                        _emit_log(*item[1:])
-                    elif item[0] == "begin":
-                        _spans.begin(*item[1:])
-                    else:
-                        _spans.end(*item[1:])
-                except Exception as exc:
-                    _dropped(exc)
-                done += 1
-            return done
+    def export(self, item: tuple[Any, ...]) -> None:
+        if item[0] == "log":
+            _emit_log(*item[1:])
+        elif item[0] == "begin":
+            _spans.begin(*item[1:])
+        else:
+            _spans.end(*item[1:])
+
+    def failed(self, exc: Exception) -> None:
+        _dropped(exc)
 
 
 _buffer = _FrameworkBuffer()
