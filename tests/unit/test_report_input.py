@@ -240,7 +240,7 @@ def test_reading_on_two_cpus_reads_what_one_reads(job_files: Path, monkeypatch: 
     alone = _summary(otlpjson.read([job_files]))
     assert alone[-1], "the cut line is counted"
     monkeypatch.setattr(otlpjson, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(otlpjson, "_parallel_worth", lambda files: len(files) > 1)
+    monkeypatch.setattr(otlpjson, "_parallel_worth", lambda files, total: len(files) > 1)
     started: list[object] = []
     start = otlpjson._Helper.start
     monkeypatch.setattr(otlpjson._Helper, "start", lambda files: started.append(start(files)) or started[-1])
@@ -474,3 +474,31 @@ def test_reading_ends_with_its_caches_freed(job_files: Path, monkeypatch: pytest
     finally:
         gc.enable()
     assert tel.spans and tel.logs and tel.points
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_a_file_is_read_in_the_lines_it_has(tmp_path: Path, suffix: str) -> None:
+    """The first 256 characters are read to tell a binary file; the lines are then those the file has, whatever
+    their length and ends (the head is not read again): short lines, a line ending at the 256th character, one
+    longer than the head, CRLF and CR ends, no newline at the end, an empty file."""
+    contents = [
+        "",
+        "a\n",
+        "a",
+        "short\nlines\nhere\n",
+        "x" * 255 + "\n" + "y\n",
+        "x" * 256 + "\nlast",
+        "long" * 300 + "\n" + "z" * 10,
+        "crlf\r\nends\r\n" + "w" * 300 + "\r\nmore",
+        "cr\rends\r",
+        "é" * 300 + "\n\n\nend\n",
+    ]
+    for index, content in enumerate(contents):
+        path = tmp_path / f"f{index}{suffix}"
+        data = content.encode()
+        path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+        with otlpjson._open(path) as fh:
+            expected = fh.readlines()
+        with otlpjson._open(path) as fh:
+            got = [*otlpjson._head_lines(fh.read(256), fh), *fh]
+        assert got == expected, content[:40]

@@ -168,22 +168,31 @@ def _point_value(kind: str, dp: dict[str, Any]) -> tuple[float | None, int | Non
 
 
 def _distribution(point: Point, dp: dict[str, Any]) -> None:
-    """An explicit-bucket histogram point's sum, bounds, bucket counts, min and max (buckets that do not match
-    their bounds are dropped: the point keeps its mean)."""
-    point.total = None if dp.get("sum") is None else _f64(dp["sum"], "sum")
-    raw_bounds, raw_buckets = (
-        _list(dp.get("explicitBounds"), "explicit_bounds"),
-        _list(dp.get("bucketCounts"), "bucket_counts"),
-    )
+    """An explicit-bucket histogram point's sum, bounds, bucket counts, min and max (``distribution``)."""
+    distribution(point, dp.get("sum"), dp.get("explicitBounds"), dp.get("bucketCounts"), dp.get("min"), dp.get("max"))
+
+
+#: the types of explicit bounds and bucket counts ``float`` and ``int`` take as ``_f64`` and ``_i64`` do (a bool,
+#: or a count with a fraction, is the slow path's to reject)
+_BOUND_TYPES, _COUNT_TYPES = frozenset((float, int, str)), frozenset((int, str))
+
+
+def distribution(point: Point, total: Any, raw_bounds: Any, raw_buckets: Any, low: Any, high: Any) -> None:
+    """A histogram point's sum, bounds, bucket counts, min and max from their fields as written (buckets that do
+    not match their bounds are dropped: the point keeps its mean)."""
+    point.total = None if total is None else _f64(total, "sum")
+    raw_bounds, raw_buckets = _list(raw_bounds, "explicit_bounds"), _list(raw_buckets, "bucket_counts")
     try:  # the common case at C speed: numbers (bounds), decimal strings (counts)
+        if not (_BOUND_TYPES.issuperset(map(type, raw_bounds)) and _COUNT_TYPES.issuperset(map(type, raw_buckets))):
+            raise TypeError("not the common case")
         bounds, buckets = tuple(map(float, raw_bounds)), tuple(map(int, raw_buckets))
     except (TypeError, ValueError):
         bounds = tuple(_f64(b, "explicit_bounds") for b in raw_bounds)
         buckets = tuple(_i64(n, "bucket_counts") for n in raw_buckets)
     if buckets and len(buckets) == len(bounds) + 1 and min(buckets) >= 0:
         point.bounds, point.buckets = bounds, buckets
-    point.low = None if dp.get("min") is None else _f64(dp["min"], "min")
-    point.high = None if dp.get("max") is None else _f64(dp["max"], "max")
+    point.low = None if low is None else _f64(low, "min")
+    point.high = None if high is None else _f64(high, "max")
 
 
 _EMPTY: dict[str, Any] = {}

@@ -300,7 +300,5 @@ class TypedLines:
         count = general._i64(dp.count, "count")
         total = None if dp.sum is None else general._f64(dp.sum, "sum")
         point.value, point.count = (float(total) / count if count and total is not None else None), count
-        raw = {"sum": dp.sum, "explicitBounds": dp.explicit_bounds, "bucketCounts": dp.bucket_counts,
-               "min": dp.min, "max": dp.max}  # fmt: skip
-        general._distribution(point, raw)
+        general.distribution(point, dp.sum, dp.explicit_bounds, dp.bucket_counts, dp.min, dp.max)
         point.bounds = self._reader._bounds.setdefault(point.bounds, point.bounds)
