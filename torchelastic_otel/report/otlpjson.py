@@ -215,6 +215,15 @@ _QUOTED = {key: f'"{key}"' for key in _SIGNALS}
 _DECODER = json.JSONDecoder()
 
 
+def _resource_first(line: str) -> str | None:
+    """The signal whose first block's resource ``line`` begins with (``_HEADS``), if it names that signal once
+    (JSON keeps the second of two equal keys: such a line is parsed whole)."""
+    key = next((key for key, head in _HEADS.items() if line.startswith(head)), None)
+    if key is None or line.count(_QUOTED[key], len(_HEADS[key])) != 0:
+        return None
+    return key
+
+
 @dataclass(frozen=True)
 class _KnownResource:
     """The text a line began with up to the end of its first resource, and that resource's process."""
@@ -336,8 +345,8 @@ class Reader:
         """``_learn_resource`` for a line the typed path read: its first resource's text and process are those
         the typed path found (the text as the parser delimited it, the process already made from it)."""
         self._resource = None
-        key = next((key for key, head in _HEADS.items() if line.startswith(head)), None)
-        if key is None or line.count(_QUOTED[key], len(_HEADS[key])) != 0:
+        key = _resource_first(line)
+        if key is None:
             return
         text, proc = typed.first_resource(parsed, key)
         end = len(_HEADS[key]) + len(text)
@@ -357,7 +366,7 @@ class Reader:
     def _learn_resource(self, line: str, data: dict[str, Any], key: str) -> None:
         """Remember the resource text this line begins with, if it begins with one (``_known_resource``)."""
         head = _HEADS[key]
-        if not line.startswith(head) or line.count(_QUOTED[key], len(head)) != 0:
+        if _resource_first(line) != key:
             self._resource = None
             return
         try:
@@ -601,7 +610,7 @@ def _read_files(reader: Reader, files: list[Path]) -> None:
     costs CPU time, the helper's pickling). If the helper cannot start or fails, this process reads its files
     too: the result is the same, only slower."""
     sizes = [_size(path) for path in files]
-    half = _split(sizes) if _parallel_worth(files, sum(sizes)) else len(files)
+    half = _split(sizes) if _parallel_worth(sum(sizes)) else len(files)
     helper = _Helper.start(files[half:]) if half < len(files) else None
     try:
         for path in files[:half]:
@@ -624,8 +633,8 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _parallel_worth(files: list[Path], total: int) -> bool:
-    """Whether ``files`` (``total`` bytes) are worth a helper."""
+def _parallel_worth(total: int) -> bool:
+    """Whether files of ``total`` bytes are worth a helper."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cpus > 1 and hasattr(os, "fork") and total >= PARALLEL_BYTES
 

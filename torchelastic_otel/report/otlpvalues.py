@@ -155,15 +155,21 @@ def _enum(raw: Any, field: str) -> int:
 
 
 def _point_value(kind: str, dp: dict[str, Any]) -> tuple[float | None, int | None]:
-    """(the number to plot, the count of a histogram/summary): a number point's value, a distribution's mean."""
+    """``point_value`` of a data point's JSON object."""
+    return point_value(kind, dp.get("asDouble"), dp.get("asInt"), dp.get("count"), dp.get("sum"))
+
+
+def point_value(kind: str, as_double: Any, as_int: Any, count: Any, total: Any) -> tuple[float | None, int | None]:
+    """(the number to plot, the count of a histogram/summary) from a data point's fields as written: a number
+    point's value, a distribution's mean."""
     if kind in ("gauge", "sum"):
-        if dp.get("asDouble") is not None:
-            return _f64(dp["asDouble"], "as_double"), None
-        if dp.get("asInt") is not None:
-            return float(_i64(dp["asInt"], "as_int")), None
+        if as_double is not None:
+            return _f64(as_double, "as_double"), None
+        if as_int is not None:
+            return float(_i64(as_int, "as_int")), None
         return None, None
-    count = _i64(dp.get("count"), "count")
-    total = None if dp.get("sum") is None else _f64(dp["sum"], "sum")
+    count = _i64(count, "count")
+    total = None if total is None else _f64(total, "sum")
     return (float(total) / count if count and total is not None else None), count
 
 

@@ -284,21 +284,10 @@ class TypedLines:
                 continue
             monotonic = bool(data.is_monotonic)
             for dp in data.data_points:
-                point = Point(name, kind, unit, general._i64(dp.time_unix_nano, "time_unix_nano"), None,
-                              self._attributes(dp.attributes), proc, monotonic, None)  # fmt: skip
+                number, count = general.point_value(kind, dp.as_double, dp.as_int, dp.count, dp.sum)
+                point = Point(name, kind, unit, general._i64(dp.time_unix_nano, "time_unix_nano"), number,
+                              self._attributes(dp.attributes), proc, monotonic, count)  # fmt: skip
                 if kind == "histogram":
-                    self._distribution(point, dp)
-                else:
-                    if dp.as_double is not None:
-                        point.value = general._f64(dp.as_double, "as_double")
-                    elif dp.as_int is not None:
-                        point.value = float(general._i64(dp.as_int, "as_int"))
+                    general.distribution(point, dp.sum, dp.explicit_bounds, dp.bucket_counts, dp.min, dp.max)
+                    point.bounds = self._reader._bounds.setdefault(point.bounds, point.bounds)
                 out.append(point)
-
-    def _distribution(self, point: Point, dp: _DataPoint) -> None:
-        """``otlpjson._point_value`` and ``_distribution`` of a histogram point."""
-        count = general._i64(dp.count, "count")
-        total = None if dp.sum is None else general._f64(dp.sum, "sum")
-        point.value, point.count = (float(total) / count if count and total is not None else None), count
-        general.distribution(point, dp.sum, dp.explicit_bounds, dp.bucket_counts, dp.min, dp.max)
-        point.bounds = self._reader._bounds.setdefault(point.bounds, point.bounds)
