@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 TORCH_VERSION := 2.13.0
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: venv bytecode demo lint test test-fast test-compat bench clean stack-deps browser-deps
+.PHONY: venv bytecode demo lint test test-fast test-compat test-gpu bench clean stack-deps browser-deps
 .PHONY: docs
 
 venv: $(STAMP)
@@ -82,6 +82,17 @@ stack-deps: venv
 # tests; a cold cache takes ~15 minutes here. `COMPAT=oldest,newest` runs a subset. See .ci/compat.py.
 test-compat:
 	$(PYTHON) .ci/compat.py
+
+# On a machine with an NVIDIA GPU whose own Python (3.12) has a CUDA build of torch and no package index: tests/gpu
+# (the bridge's figures against the jobs' own CUDA events) and bench/bench_gpu.py (the cost beside plain torchrun's).
+# OpenTelemetry's wheels and this package's travel in .whl/, made here by ../shared/gpu/make-wheels.sh.
+GPU_PYTHON ?= python3
+GPU_SITE   ?= /tmp/torchelastic-otel-site
+test-gpu:
+	$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) .whl/*.whl
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) PATH=$(GPU_SITE)/bin:$$PATH $(GPU_PYTHON) -m pytest -q -s -m gpu tests/gpu \
+		-p no:cacheprovider
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) PATH=$(GPU_SITE)/bin:$$PATH $(GPU_PYTHON) bench/bench_gpu.py
 
 bench: bytecode
 	$(PY) bench/bench_api.py

@@ -45,6 +45,8 @@ TESTS = (
     "tests/unit/test_metrics_api.py",
     "tests/unit/test_compat.py",
     "tests/unit/test_compat_releases.py",
+    "tests/unit/test_tracebacks.py",
+    "tests/unit/test_device_clock.py",
     "tests/jobs/test_final_words.py",
     "tests/jobs/test_sigterm_in_torch_import.py",
     "tests/jobs/test_descendants.py",

@@ -100,7 +100,8 @@ class Process:
 
 # ---- OpenTelemetry -> Prometheus names (the specification's rules, as the exporters apply them) -----------------
 
-_UNITS = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "%": "percent", "1": ""}
+_UNITS = {"s": "seconds", "ms": "milliseconds", "By": "bytes", "%": "percent", "1": "", "W": "watts", "J": "joules",
+          "Cel": "celsius"}  # fmt: skip
 
 
 def prometheus_name(name: str, unit: str, kind: str) -> str:

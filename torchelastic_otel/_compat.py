@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any, Literal
 
 from torchelastic_otel import _selftelemetry as selftelemetry
@@ -59,6 +59,50 @@ def thread_frames() -> dict[int, FrameType]:
     except Exception as exc:
         _fallback("sys._current_frames", exc)
         return {}
+
+
+def caller_frame(depth: int) -> FrameType | None:
+    """The frame ``depth`` frames above the caller (``sys._getframe``, CPython); ``None`` past the stack's top, and
+    (counted) where there is no ``sys._getframe``."""
+    getframe = getattr(sys, "_getframe", None)
+    if getframe is None:
+        _fallback("sys._getframe", "not in this Python")
+        return None
+    try:
+        frame: FrameType = getframe(depth + 1)
+        return frame
+    except ValueError:
+        return None
+
+
+_set_exc_info: Any = None
+
+
+def reraised_traceback(exc: BaseException, tb: TracebackType | None) -> bool:
+    """In the ``except`` block handling ``exc`` on Python 3.10: make ``tb`` the traceback its bare ``raise``
+    re-raises ``exc`` with (3.10 re-raises the one saved when the block was entered, not ``exc.__traceback__``),
+    through CPython's ``PyErr_SetExcInfo`` (its C API, by ctypes), which sets the exception being handled. ``False``
+    (counted) where it cannot be done: the bare ``raise`` then re-raises the saved traceback."""
+    global _set_exc_info
+    try:
+        if _set_exc_info is None:
+            import ctypes
+
+            incref, set_exc_info = ctypes.pythonapi.Py_IncRef, ctypes.pythonapi.PyErr_SetExcInfo
+            incref.argtypes, incref.restype = [ctypes.py_object], None
+            set_exc_info.argtypes, set_exc_info.restype = [ctypes.py_object] * 3, None
+
+            def handled(kind: type, value: BaseException, traceback: TracebackType | None) -> None:
+                for item in (kind, value, traceback):  # PyErr_SetExcInfo steals a reference to each
+                    incref(item)
+                set_exc_info(kind, value, traceback)
+
+            _set_exc_info = handled
+        _set_exc_info(type(exc), exc, tb)
+        return True
+    except Exception as error:
+        _fallback("PyErr_SetExcInfo", error)
+        return False
 
 
 _libc_signal: Any = None
@@ -543,6 +587,30 @@ def dataloader_iter_class(module: Any) -> type | None:
         _fallback("torch dataloader._BaseDataLoaderIter.__next__", "not defined")
         return None
     return cls
+
+
+# ---- torch: CUDA events (a step on the GPU's clock) -----------------------------------------------------------------
+
+
+def cuda_event_factory(torch: Any) -> Callable[[], Any] | None:
+    """What makes the timeline's CUDA events: ``torch.Event(device="cuda", enable_timing=True)`` (the device-generic
+    event, torch 2.4+: its ``record()`` takes the current stream in C; ``torch.cuda.Event.record`` builds a Python
+    stream object first, several times the cost). Bound to a device at its first ``record()``. ``None`` (counted)
+    where there is no such class or it cannot make one: the job's steps then stay on the host's clock."""
+    event = getattr(torch, "Event", None) if torch is not None else None
+    if not callable(event):
+        _fallback("torch.Event", "not defined")
+        return None
+
+    def factory() -> Any:
+        return event(device="cuda", enable_timing=True)
+
+    try:
+        factory()
+    except Exception as exc:
+        _fallback("torch.Event(device='cuda', enable_timing=True)", exc)
+        return None
+    return factory
 
 
 # ---- Hugging Face transformers and Lightning: private methods the framework integrations wrap ---------------------

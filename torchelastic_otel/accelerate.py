@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from torchelastic_otel._torch import tracebacks
+
 __all__ = ["main"]
 
 _logger = logging.getLogger("torchelastic_otel")
@@ -78,7 +80,11 @@ def _bridged(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
             _bridge(args)
         except Exception as exc:
             _logger.warning("torchelastic_otel: accelerate launch runs unbridged: %s", exc, exc_info=True)
-        return original(args)
+        try:
+            return original(args)
+        except BaseException as exc:
+            tracebacks.drop_own_frame(exc)
+            raise
 
     return run
 
@@ -103,7 +109,8 @@ def _torch_run_bridged() -> Iterator[None]:
 
 def main(argv: list[str]) -> None:
     """Run ``accelerate <argv>`` as the ``accelerate`` command would, ``launch`` bridged; its exit is accelerate's
-    (an exception, ``SystemExit``, or returning)."""
+    (an exception, ``SystemExit``, or returning), and a traceback accelerate's (without this module's frames:
+    ``_torch.tracebacks``)."""
     try:
         from accelerate.commands.accelerate_cli import main as accelerate_main
     except ImportError as exc:
@@ -116,5 +123,8 @@ def main(argv: list[str]) -> None:
                 accelerate_main()
         else:
             accelerate_main()
+    except BaseException as exc:
+        tracebacks.drop_own_frame(exc)
+        raise
     finally:
         sys.argv = saved_argv

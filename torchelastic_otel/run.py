@@ -7,12 +7,15 @@ starts, so the agent's resource carries ``torchelastic.run_id`` like the workers
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from torchelastic_otel._run_id import renew_if_stale, settle_run_id
+from torchelastic_otel._torch import tracebacks
 
 __all__ = ["main"]
 
@@ -58,34 +61,37 @@ def _build_early(run_id: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """torchrun's ``main(argv)`` with the bridge installed once torch has parsed the arguments (torch's ``run``,
+    which its ``main`` calls, is the bridge's meanwhile: :func:`_bridged`). What the launch raises is raised without
+    this launcher's frames (``_torch.tracebacks``): a failed job's traceback is the one torchrun prints."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "report":  # `torchelastic-otel report PATH...`: render OTLP JSON Lines files
-        from torchelastic_otel.report import main as report
-
-        sys.exit(report(argv[1:]))
-    if argv and argv[0] == "accelerate":  # `torchelastic-otel accelerate launch ...`: docs/accelerate.md
-        from torchelastic_otel.accelerate import main as accelerate
-
-        return accelerate(argv[1:])
-    if argv and argv[0] == "run":  # `torchelastic-otel run ...`
-        argv = argv[1:]
     # The agent's resource reads the run id from the environment when the pipeline is built; a launcher called
     # in-process (in place of torch.distributed.run.main) then gets its environment back as it was.
     previous = os.environ.get("TORCHELASTIC_RUN_ID")
     try:
+        if argv and argv[0] == "report":  # `torchelastic-otel report PATH...`: render OTLP JSON Lines files
+            from torchelastic_otel.report import main as report
+
+            sys.exit(report(argv[1:]))
+        if argv and argv[0] == "accelerate":  # `torchelastic-otel accelerate launch ...`: docs/accelerate.md
+            from torchelastic_otel.accelerate import main as accelerate
+
+            return accelerate(argv[1:])
+        if argv and argv[0] == "run":  # `torchelastic-otel run ...`
+            argv = argv[1:]
         early_id, standalone_id = _early_run_id(argv)
         _build_early(early_id)
         from torch.distributed import run as torchrun
 
-        args = torchrun.parse_args(argv)
-        settle_run_id(args, standalone_id)
-        if args.rdzv_id and args.rdzv_id != "none":
-            os.environ["TORCHELASTIC_RUN_ID"] = args.rdzv_id
-        _renew_if_stale(os.environ.get("TORCHELASTIC_RUN_ID"))
-        from torchelastic_otel._install import install
-
-        install()
-        _run(torchrun, args)
+        original = torchrun.run
+        torchrun.run = _bridged(original, standalone_id)
+        try:
+            torchrun.main(argv)  # torch's own: `@record`, parse_args(argv), run(args)
+        finally:
+            torchrun.run = original
+    except BaseException as exc:
+        tracebacks.drop_own_frame(exc)
+        raise
     finally:
         if previous is None:
             os.environ.pop("TORCHELASTIC_RUN_ID", None)
@@ -98,11 +104,26 @@ def _renew_if_stale(run_id: str | None) -> None:
     renew_if_stale(run_id, EARLY_BUILD_WAIT_SECONDS)
 
 
-def _run(torchrun: Any, args: Any) -> None:
-    """torch's ``main`` is ``@record``-decorated ``run(parse_args(...))``; keep the decoration, pass our args."""
-    from torch.distributed.elastic.multiprocessing.errors import record
+def _bridged(original: Callable[[Any], Any], standalone_id: str | None) -> Callable[[Any], Any]:
+    """torch's ``run(args)``, the run id settled and the bridge installed first (torch's arguments parsed: the run
+    id is theirs)."""
 
-    record(torchrun.run)(args)
+    @functools.wraps(original)
+    def run(args: Any) -> Any:
+        settle_run_id(args, standalone_id)
+        if args.rdzv_id and args.rdzv_id != "none":
+            os.environ["TORCHELASTIC_RUN_ID"] = args.rdzv_id
+        _renew_if_stale(os.environ.get("TORCHELASTIC_RUN_ID"))
+        from torchelastic_otel._install import install
+
+        install()
+        try:
+            return original(args)
+        except BaseException as exc:
+            tracebacks.drop_own_frame(exc)
+            raise
+
+    return run
 
 
 if __name__ == "__main__":

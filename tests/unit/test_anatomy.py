@@ -153,9 +153,7 @@ def installed(otel: Any, paused_drainer: Any) -> Iterator[Any]:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     patches = Patches()
-    steps._pending.clear()
-    steps._buffer.clock = steps._Clock()
-    anatomy.reset_after_fork()
+    steps.reset()
     anatomy.install(patches)
     handle = register_optimizer_step_post_hook(steps.optimizer_hook)
     try:
@@ -163,9 +161,7 @@ def installed(otel: Any, paused_drainer: Any) -> Iterator[Any]:
     finally:
         handle.remove()
         patches.restore()
-        steps._pending.clear()
-        steps._buffer.clock = steps._Clock()
-        anatomy.reset_after_fork()
+        steps.reset()
 
 
 def test_a_real_loop_s_input_wait_is_what_the_loop_measured(installed: Any) -> None:
@@ -234,7 +230,7 @@ def test_a_compiled_model_gets_no_graph_break_or_recompile(otel: Any, paused_dra
         hooked = _compile_counters(model, x)
     finally:
         patches.restore()
-        steps._pending.clear()
+        steps.reset()
     assert hooked == plain
     assert hooked[0] == 0
 
@@ -271,5 +267,5 @@ def test_a_compiled_optimizer_step_gets_no_extra_graph_break(otel: Any, paused_d
     finally:
         handle.remove()
         patches.restore()
-        steps._pending.clear()
+        steps.reset()
     assert hooked[0] <= plain[0] and hooked[1] <= plain[1], (plain, hooked)

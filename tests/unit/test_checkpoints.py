@@ -40,8 +40,7 @@ DCP_FUNCTIONS = {
 def installed(otel: Any, paused_drainer: Any) -> Iterator[Any]:
     """The checkpoint wrappers installed (torch and DCP are imported: at once), the step clock new, the optimizer
     step hook registered as a worker's; all undone after."""
-    steps._pending.clear()
-    steps._buffer.clock = steps._Clock()
+    steps.reset()
     handle = register_optimizer_step_post_hook(steps.optimizer_hook)
     patches = Patches()
     checkpoints.install(patches)
@@ -50,8 +49,7 @@ def installed(otel: Any, paused_drainer: Any) -> Iterator[Any]:
     finally:
         patches.restore()
         handle.remove()
-        steps._pending.clear()
-        steps._buffer.clock = steps._Clock()
+        steps.reset()
 
 
 @pytest.fixture

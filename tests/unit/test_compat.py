@@ -423,3 +423,35 @@ def test_caller_module_names_the_module_of_a_frame_above() -> None:
 
     assert inner() == __name__
     assert _compat.caller_module(10_000) is None  # past the top of the stack
+
+
+def test_caller_frame_is_the_frame_above() -> None:
+    """``_torch.tracebacks`` takes a wrapper's entry off a traceback only where it is the calling frame's."""
+
+    def inner() -> object:
+        return _compat.caller_frame(1)  # 0: inner, 1: this test
+
+    assert inner() is sys._getframe()
+    assert _compat.caller_frame(10_000) is None  # past the top of the stack
+
+
+def test_reraised_traceback_sets_the_traceback_of_the_exception_being_handled() -> None:
+    """``PyErr_SetExcInfo`` (3.10's way for ``_torch.tracebacks``): what ``sys.exc_info()`` gives in the ``except``
+    block is the new traceback, on every version; no reference is gained or lost."""
+
+    def fail() -> None:
+        raise ValueError("failed")
+
+    before = selftelemetry.total(selftelemetry.FALLBACK, reason="PyErr_SetExcInfo")
+    try:
+        fail()
+    except ValueError as exc:
+        tb = exc.__traceback__
+        assert tb is not None and tb.tb_next is not None
+        exc.__traceback__ = tb.tb_next
+        references = sys.getrefcount(exc), sys.getrefcount(tb) + sys.getrefcount(tb.tb_next)
+        assert _compat.reraised_traceback(exc, tb.tb_next)
+        assert sys.exc_info()[1] is exc and sys.exc_info()[2] is tb.tb_next
+        # (3.10: the exception being handled holds the new traceback in place of the old one)
+        assert (sys.getrefcount(exc), sys.getrefcount(tb) + sys.getrefcount(tb.tb_next)) == references
+    assert selftelemetry.total(selftelemetry.FALLBACK, reason="PyErr_SetExcInfo") == before

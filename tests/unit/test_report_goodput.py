@@ -7,6 +7,7 @@ by the code under test. One histogram goes through the OTLP JSON reader, to chec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from types import SimpleNamespace
@@ -88,15 +89,21 @@ class Builder:
             self.tel.points.append(Point(names.WORKER_PROGRESS_AT_RISK, "gauge", "s", _t(time), value,
                                          {names.CAUSE: cause}, _worker(rank, restart)))  # fmt: skip
 
-    def phases(self, rank: int, restart: int, time: float, steps: int = 20, **medians: float) -> None:
+    def phases(self, rank: int, restart: int, time: float, steps: int = 20, clock: str | None = None,
+               **medians: float) -> None:  # fmt: skip
         """One cumulative histogram point per phase, ``steps`` steps all in the bucket [0.5 m, 1.5 m] of median m
-        (in the bucket up to 0 when m is 0): its interpolated median is m."""
+        (in the bucket up to 0 when m is 0): its interpolated median is m. ``clock``: the attribute, if any."""
+        attrs = {} if clock is None else {names.CLOCK: clock}
         for phase, median in medians.items():
             bounds = (0.5 * median, 1.5 * median) if median > 0 else (0.0, 1.0)  # zeros: in (-inf, 0]
             buckets = (0, steps, 0) if median > 0 else (steps, 0, 0)
             self.tel.points.append(Point(names.WORKER_STEP_PHASE_DURATION, "histogram", "s", _t(time), median,
-                                         {names.PHASE: phase}, _worker(rank, restart), count=steps,
+                                         {names.PHASE: phase, **attrs}, _worker(rank, restart), count=steps,
                                          total=median * steps, bounds=bounds, buckets=buckets))  # fmt: skip
+
+    def gpu_idle(self, rank: int, restart: int, time: float, steps: int, total: float) -> None:
+        self.tel.points.append(Point(names.WORKER_STEP_GPU_IDLE, "histogram", "s", _t(time), total / steps, {},
+                                     _worker(rank, restart), count=steps, total=total))  # fmt: skip
 
     def job(self) -> model.Job:
         (job,) = model.build(self.tel)
@@ -134,9 +141,9 @@ def _failed_then_succeeded() -> Builder:
 
 
 RANK0 = {  # worked out by hand
-    "rendezvous": 3 + 2,  # 0-3 s before the first process; 55-57 s of the gap 50-58 s
+    "rendezvous": 2 + 2,  # the rendezvous 0-2 s of the 3 s before the first process; 55-57 s of the gap 50-58 s
     "restart": 6,  # the rest of the gap
-    "startup": 2 + 1.5 + 2 + 1,  # counters, attempt 1's tail, 100-101 s after the last process
+    "startup": 1 + 2 + 1.5 + 2 + 1,  # 2-3 s (starting the workers), counters, attempt 1's tail, 100-101 s at the end
     "productive": 20 + 38,  # 30 - 10 at risk, + 38
     "input_wait": 3,  # 5 - 2 at risk
     "checkpoint_save": 3,
@@ -145,7 +152,7 @@ RANK0 = {  # worked out by hand
     "stalled": 0,
 }
 RANK1 = {
-    "rendezvous": 5, "restart": 6, "startup": 1.5 + 2 + 1, "productive": 38, "input_wait": 0, "checkpoint_save": 0,
+    "rendezvous": 4, "restart": 6, "startup": 1 + 1.5 + 2 + 1, "productive": 38, "input_wait": 0, "checkpoint_save": 0,
     "checkpoint_load": 0.5,
     "lost_progress": 42,  # a silent process that did not end well: 3-45 s lost ...
     "stalled": 5,  # ... and 45-50 s stalled (its stall record)
@@ -161,7 +168,7 @@ def test_a_failed_attempt_loses_its_risk_and_tail() -> None:
     assert found.ratio == round(48 / 101, 3)
     assert found.measured
     # per attempt: attempt 0 holds 0-50 s of each rank; attempt 1 the gap, its process and the end
-    assert found.attempts[0] == pytest.approx({**dict.fromkeys(goodput.CAUSES, 0.0), "rendezvous": 3, "startup": 1,
+    assert found.attempts[0] == pytest.approx({**dict.fromkeys(goodput.CAUSES, 0.0), "rendezvous": 2, "startup": 2,
                                                "productive": 10, "input_wait": 1.5, "checkpoint_save": 1.5,
                                                "lost_progress": 30.5, "stalled": 2.5})  # fmt: skip
     assert found.attempt_wall(0) == pytest.approx(50) and found.attempt_wall(1) == pytest.approx(51)
@@ -178,7 +185,8 @@ def test_the_seconds_sum_to_the_wall_time_on_every_rank() -> None:
 
 
 def test_a_successful_run() -> None:
-    """One attempt (0-60 s, rendezvous 0-1 s), two ranks from 2 s to 60 s; the last record at 60.5 s."""
+    """One attempt (0-60 s, rendezvous 0-1 s), two ranks from 2 s to 60 s; the last record at 60.5 s. Before the
+    workers: the rendezvous, then 1 s of start-up (the agent starting them)."""
     b = Builder()
     b.run(0, 60.5)
     attempt = b.attempt(0, 0, 60, (0, 1))
@@ -187,7 +195,7 @@ def test_a_successful_run() -> None:
         b.counters(rank, 0, 58, startup=3, productive=50, checkpoint_save=2)  # L = 57 s, tail 3 s
         b.at_risk(rank, 0, 58, productive=30)  # ended well: nothing lost
     found = goodput.goodput(b.job())
-    expected = {**dict.fromkeys(goodput.CAUSES, 0.0), "rendezvous": 2, "startup": 3 + 3 + 0.5, "productive": 50,
+    expected = {**dict.fromkeys(goodput.CAUSES, 0.0), "rendezvous": 1, "startup": 1 + 3 + 3 + 0.5, "productive": 50,
                 "checkpoint_save": 2}  # fmt: skip
     assert found.seconds == pytest.approx(expected)
     assert list(found.attempts) == [0] and found.attempts[0] == pytest.approx(expected)
@@ -195,8 +203,9 @@ def test_a_successful_run() -> None:
 
 
 def test_gaps_without_a_rendezvous_span_are_restart() -> None:
-    """A gap between two processes of a rank the agent's rendezvous spans do not cover is all restart; counters
-    larger than the process's duration are scaled down to fit, negatives are none, at risk is at most what was there."""
+    """A gap between two processes of a rank the agent's rendezvous spans do not cover is all restart (before the
+    first, start-up); counters larger than the process's duration are scaled down to fit, negatives are none, at risk
+    is at most what was there."""
     b = Builder()
     b.run(0, 30)
     first = b.attempt(0, 0, 10, None, failed=True)
@@ -208,7 +217,7 @@ def test_gaps_without_a_rendezvous_span_are_restart() -> None:
     b.at_risk(0, 0, 9, productive=100)  # all of it lost, never more than there was
     b.counters(0, 1, 29, productive=15)
     found = goodput.goodput(b.job())
-    assert found.seconds == pytest.approx({**dict.fromkeys(goodput.CAUSES, 0.0), "rendezvous": 1, "restart": 5,
+    assert found.seconds == pytest.approx({**dict.fromkeys(goodput.CAUSES, 0.0), "startup": 1, "restart": 5,
                                            "lost_progress": 9, "productive": 15})  # fmt: skip
     assert sum(found.seconds.values()) == pytest.approx(30, abs=1e-6)
 
@@ -267,9 +276,14 @@ def test_phases_per_rank_from_the_latest_point() -> None:
 # ---- verdicts ----------------------------------------------------------------------------------------------------
 
 
-def _training(ratio: float | None = None) -> training.Training:
+def _training(straggler: bool = False) -> training.Training:
+    """Two ranks of 10 steps; rank 1 a straggler (as ``training``'s rule found it: 30 % of a 0.2 s step late in 9
+    of its 10 steps) or not."""
     ranks = [training.RankSteps(0, 0, HOST, 0.1, 10, 0.2, 10, 1.0), training.RankSteps(1, 0, HOST, 0.1, 10, 0.2, 10,
-                                                                                        ratio)]  # fmt: skip
+                                                                                        1.0)]  # fmt: skip
+    if straggler:
+        ranks[1] = dataclasses.replace(ranks[1], arrival=0.16, ratio=1.23, arrival_median=0.16, step_median=0.2,
+                                       median_ratio=1.6, delay_share=0.3, late_steps=9.4, straggler=True)  # fmt: skip
     return training.Training(ranks, [], [], [])
 
 
@@ -278,32 +292,39 @@ def _phases(**shares: float) -> dict[tuple[int, int], dict[str, float | None]]:
     return {(0, 0): dict(values), (0, 1): dict(values)}
 
 
+STRAGGLER = (
+    "rank 1 arrives at its steps' last collective 60.0 ms (30 % of the step) later than the median rank in 9 "
+    "of 10 steps (its median 1.60x the median rank's; attempt 0)"
+)
+
+
 @pytest.mark.parametrize(
-    ("shares", "ratio", "creep", "expected", "reason"),
+    ("shares", "straggler", "creep", "expected", "reason", "steps"),
     [
-        ({"input": 0.64, "forward": 0.36}, None, [], "input-bound", "input wait is 64 % of the step"),
-        ({"collective_wait": 0.4, "backward": 0.6}, None, [], "communication-bound",
-         "collective wait is 40 % of the step"),
-        ({"forward": 0.3, "backward": 0.3, "optimizer": 0.25, "other": 0.15}, None, [], "compute-bound",
-         "optimizer and other host work are 40 % of the step"),
+        ({"input": 0.64, "forward": 0.36}, False, [], "input-bound", "input wait is 64 % of the step over 10 steps",
+         10),
+        ({"collective_wait": 0.4, "backward": 0.6}, False, [], "communication-bound",
+         "collective wait is 40 % of the step over 10 steps", 10),
+        ({"forward": 0.3, "backward": 0.3, "optimizer": 0.25, "other": 0.15}, False, [], "compute-bound",
+         "optimizer and other host work are 40 % of the step over 10 steps", 10),
         # a step that is the model's own forward and backward is what training should be
-        ({"forward": 0.45, "backward": 0.45, "optimizer": 0.05, "other": 0.05}, None, [], "healthy",
-         "no phase dominates the step: input 0 %, collective wait 0 %, compute 95 %"),
-        ({"forward": 0.3, "backward": 0.4, "input": 0.1, "collective_wait": 0.1, "other": 0.1}, None, [], "healthy",
-         "no phase dominates the step: input 10 %, collective wait 10 %, compute 70 %"),
-        ({"input": 0.64, "forward": 0.36}, 1.62, [], "straggler",
-         "rank 1 arrives at its steps' last collective 1.62x later than the median rank (attempt 0)"),
-        ({"input": 0.64, "forward": 0.36}, 1.62, [SimpleNamespace(rank=1, text="rank 1 grows by 5.0 MiB/s")],
-         "memory-creep", "rank 1 grows by 5.0 MiB/s"),
+        ({"forward": 0.45, "backward": 0.45, "optimizer": 0.05, "other": 0.05}, False, [], "healthy",
+         "no phase dominates the step over 10 steps: input 0 %, collective wait 0 %, compute 95 %", 10),
+        ({"forward": 0.3, "backward": 0.4, "input": 0.1, "collective_wait": 0.1, "other": 0.1}, False, [], "healthy",
+         "no phase dominates the step over 10 steps: input 10 %, collective wait 10 %, compute 70 %", 10),
+        ({"input": 0.64, "forward": 0.36}, True, [], "straggler", STRAGGLER, 10),
+        ({"input": 0.64, "forward": 0.36}, True, [SimpleNamespace(rank=1, text="rank 1 grows by 5.0 MiB/s")],
+         "memory-creep", "rank 1 grows by 5.0 MiB/s", 10),
         # input before collective wait (the others' collective wait is the slow input's symptom)
-        ({"input": 0.35, "collective_wait": 0.35, "forward": 0.3}, None, [], "input-bound",
-         "input wait is 35 % of the step"),
+        ({"input": 0.35, "collective_wait": 0.35, "forward": 0.3}, False, [], "input-bound",
+         "input wait is 35 % of the step over 10 steps", 10),
     ],
 )  # fmt: skip
-def test_verdicts(shares: dict[str, float], ratio: float | None, creep: list[Any], expected: str, reason: str) -> None:
+def test_verdicts(shares: dict[str, float], straggler: bool, creep: list[Any], expected: str, reason: str,
+                  steps: int) -> None:  # fmt: skip
     job = _failed_then_succeeded().job()
-    found = goodput.verdict(job, _training(ratio), goodput.goodput(job), _phases(**shares), creep)
-    assert (found.verdict, found.reason) == (expected, reason)
+    found = goodput.verdict(job, _training(straggler), goodput.goodput(job), _phases(**shares), creep)
+    assert (found.verdict, found.reason, found.steps) == (expected, reason, steps)
 
 
 def test_the_verdict_without_phases() -> None:
@@ -314,7 +335,7 @@ def test_the_verdict_without_phases() -> None:
     b.counters(0, 0, 9, productive=5, input_wait=5)
     job = b.job()
     found = goodput.verdict(job, _training(), goodput.goodput(job), {}, [])
-    assert (found.verdict, found.reason) == ("input-bound", "input wait is 50 % of the step time")
+    assert (found.verdict, found.reason) == ("input-bound", "input wait is 50 % of the step time over 10 steps")
     job = _failed_then_succeeded().job()
     found = goodput.verdict(job, _training(), goodput.goodput(job), {}, [])
     assert found.verdict == "healthy" and found.reason.endswith("no step phases in these files")
@@ -345,7 +366,8 @@ def test_report_json_keys_are_as_fixed() -> None:
                                                "checkpoint_load", "lost_progress", "input_wait", "stalled"]  # fmt: skip
     assert run["goodput"]["seconds"] == {c: round((RANK0[c] + RANK1[c]) / 2, 3) for c in goodput.CAUSES}
     assert run["goodput"]["ratio"] == round(48 / 101, 3)
-    assert run["verdict"] == {"verdict": "input-bound", "reason": "input wait is 64 % of the step"}
+    assert run["verdict"] == {"verdict": "input-bound", "reason": "input wait is 64 % of the step over 20 steps",
+                              "steps": 20}  # fmt: skip
     steps = {(s["restart"], s["rank"]): s for s in run["steps"]}
     assert set(steps) == {(1, 0), (1, 1)}
     assert all(list(s["phases"]) == list(goodput.PHASES) for s in run["steps"])
@@ -394,3 +416,130 @@ def test_html_shows_the_bar_verdict_and_the_same_percentages() -> None:
     assert f"goodput {run['goodput']['ratio'] * 100:.1f} %" in run_bar
     assert page.count('class="goodput"') == 3  # the run and its two attempts
     assert 'data-phase="input">64.0 ms</td>' in page
+
+
+# ---- the GPU's clock ----------------------------------------------------------------------------------------------
+
+
+def _gpu_job(ranks: tuple[int, ...] = (0, 1), host_ranks: tuple[int, ...] = ()) -> Builder:
+    """One attempt of 60 s. Each rank of ``ranks`` timed 3 steps on the host before CUDA was initialised (all
+    input: they would make the job input-bound), then 40 on the GPU's clock: 50 ms a step, of which optimizer
+    4 ms and other (the GPU's time outside the model's phases) 12 ms; the GPU waited 10 ms a step for the host.
+    The ranks of ``host_ranks`` only ever timed theirs on the host (no CUDA), with the same phases."""
+    b = Builder()
+    b.run(0, 60)
+    attempt = b.attempt(0, 0, 60, (0, 1))
+    device = {"input": 0.002, "forward": 0.010, "backward": 0.020, "optimizer": 0.004, "collective_wait": 0.002,
+              "other": 0.012}  # fmt: skip
+    for rank in ranks + host_ranks:
+        b.worker(rank, 0, 2, attempt)
+        b.phases(rank, 0, 10, steps=3, input=0.5, forward=0.01)  # the host's, without the attribute (older files)
+        if rank in ranks:
+            b.phases(rank, 0, 50, steps=40, clock="device", **device)
+            b.gpu_idle(rank, 0, 50, steps=40, total=40 * 0.010)
+        else:
+            b.phases(rank, 0, 50, steps=43, clock="host", **device)
+    return b
+
+
+def test_the_gpu_clock_decides_where_a_rank_has_it() -> None:
+    job = _gpu_job().job()
+    found = goodput.anatomies(job)
+    assert {key: (a.clock, a.steps, a.gpu_idle) for key, a in found.items()} == {
+        (0, 0): ("device", 40, 0.2), (0, 1): ("device", 40, 0.2)}  # 10 ms idle of a 50 ms step  # fmt: skip
+    assert found[(0, 0)].medians == pytest.approx({
+        "input": 0.002, "forward": 0.010, "backward": 0.020, "optimizer": 0.004, "collective_wait": 0.002,
+        "other": 0.012})  # the device's, not the host's first 3 steps  # fmt: skip
+    verdict = goodput.assess(job, training.analyze(job)).verdict
+    assert (verdict.verdict, verdict.steps) == ("compute-bound", 40)
+    assert verdict.reason == ("the optimizer and the GPU's time outside the model's phases (waiting for the host: "
+                              "logging, syncs, Python) are 32 % of the GPU's step over 40 steps")  # fmt: skip
+
+
+def test_a_rank_without_cuda_keeps_the_host_clock() -> None:
+    """Rank 1 never timed on the GPU: its phases are the host's, its idle share none; the job's step is not all the
+    GPU's, so the reason says "the step"."""
+    job = _gpu_job(ranks=(0,), host_ranks=(1,)).job()
+    (run,) = training.summary([job])["runs"]
+    steps = {s["rank"]: s for s in run["steps"]}
+    assert (steps[0]["clock"], steps[0]["gpu_idle"]) == ("device", 0.2)
+    assert (steps[1]["clock"], steps[1]["gpu_idle"]) == ("host", None)
+    assert steps[1]["phases"]["other"] == pytest.approx(0.012)  # the later host point (43 steps), not the first 3
+    assert run["verdict"]["reason"].endswith("of the step over 43 steps") and "GPU" not in run["verdict"]["reason"]
+
+
+def test_the_gpu_clock_in_the_json_terminal_and_html() -> None:
+    b = _gpu_job()
+    jobs = [b.job()]
+    (run,) = training.summary(jobs)["runs"]
+    assert [(s["rank"], s["clock"], s["gpu_idle"]) for s in run["steps"]] == [(0, "device", 0.2), (1, "device", 0.2)]
+    assert run["verdict"]["steps"] == 40 and "of the GPU's step" in run["verdict"]["reason"]
+    text = terminal.render(b.tel, jobs, width=120)
+    phases = text[text.index("STEP PHASES") :].splitlines()
+    assert "GPU idle" in phases[1] and all(line.rstrip().endswith("GPU    20.0 %") for line in phases[2:4]), phases
+    page = html.render(b.tel, jobs)
+    assert page.count('data-clock="device">GPU</td>') == 2 and page.count('data-gpu-idle="0.2">20.0 %</td>') == 2
+
+
+def test_a_host_job_shows_no_clock() -> None:
+    """Without a device-clock point (every CPU job, every older file) the steps say ``host``, with no idle share, and
+    the terminal and HTML tables have no clock columns."""
+    b = _failed_then_succeeded()
+    for rank in (0, 1):
+        b.phases(rank, 1, 90, input=0.064, forward=0.012, backward=0.016, optimizer=0.004, collective_wait=0.002,
+                 other=0.002)  # fmt: skip
+    jobs = [b.job()]
+    (run,) = training.summary(jobs)["runs"]
+    assert {(s["clock"], s["gpu_idle"]) for s in run["steps"]} == {("host", None)}
+    assert "GPU" not in terminal.render(b.tel, jobs, width=120) and "GPU idle" not in html.render(b.tel, jobs)
+
+
+# ---- collective wait not measured --------------------------------------------------------------------------------
+
+
+def _arrival(b: Builder, rank: int, restart: int, time: float, steps: int, seconds: float) -> None:
+    b.tel.points.append(Point(names.WORKER_STEP_ARRIVAL, "histogram", "s", _t(time), seconds, {},
+                              _worker(rank, restart), count=steps, total=seconds * steps, bounds=(0.5 * seconds,
+                              1.5 * seconds), buckets=(0, steps, 0)))  # fmt: skip
+
+
+def test_a_rank_whose_collective_wait_was_not_measured_is_left_out_of_the_step() -> None:
+    """Without the Flight Recorder's entries a rank's wait in the collective stays in its backward (a short job's
+    read raced its end): rank 1's backward is 8 ms where rank 0 waited 7 ms of it in the collective. The step's
+    shares are rank 0's: communication-bound, as it is. With no rank measured, the reason says so."""
+
+    def two_ranks(measured: bool) -> model.Job:
+        b = Builder()
+        b.run(0, 30)
+        attempt = b.attempt(0, 0, 30, (0, 1))
+        for rank in (0, 1):
+            b.worker(rank, 0, 2, attempt)
+            if rank == 1 or not measured:  # its wait in its backward
+                b.phases(rank, 0, 20, forward=0.001, backward=0.008, collective_wait=0.0, optimizer=0.001, input=0.0,
+                         other=0.0)  # fmt: skip
+            else:
+                b.phases(rank, 0, 20, forward=0.001, backward=0.001, collective_wait=0.007, optimizer=0.001,
+                         input=0.0, other=0.0)  # fmt: skip
+                _arrival(b, rank, 0, 20, 19, 0.002)
+        return b.job()
+
+    job = two_ranks(measured=True)
+    found = goodput.assess(job, training.analyze(job)).verdict
+    assert (found.verdict, found.reason) == ("communication-bound", "collective wait is 70 % of the step over 20 steps")
+    unmeasured = two_ranks(measured=False)
+    found = goodput.assess(unmeasured, training.analyze(unmeasured)).verdict
+    assert found.verdict == "healthy" and found.reason.endswith("; collective wait not measured (no Flight Recorder "
+                                                                "entries)")  # fmt: skip
+
+
+def test_the_launchers_start_up_before_the_rendezvous_is_startup() -> None:
+    """The launcher starts at 0 s; its agent's rendezvous runs 1.5-2 s; the workers start at 2.5 s: 0-1.5 s and
+    2-2.5 s are start-up, 0.5 s rendezvous."""
+    b = Builder()
+    b.run(0, 10)
+    attempt = b.attempt(0, 0, 10, (1.5, 2))
+    b.worker(0, 0, 2.5, attempt)
+    b.counters(0, 0, 9.5, productive=7)
+    found = goodput.goodput(b.job())
+    assert found.seconds == pytest.approx({**dict.fromkeys(goodput.CAUSES, 0.0), "startup": 1.5 + 0.5 + 0.5,
+                                           "rendezvous": 0.5, "productive": 7})  # fmt: skip

@@ -20,7 +20,7 @@ from tests.support.waiting import wait_for
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel._torch.patches import Patches
-from torchelastic_otel._torch.worker import anatomy, collectives, stalls, steps, training
+from torchelastic_otel._torch.worker import anatomy, collectives, stalls, steps, timeline, training
 from torchelastic_otel._torch.worker import hooks as worker
 
 torch = pytest.importorskip("torch")
@@ -33,13 +33,11 @@ SECOND = 1_000_000_000
 def fresh(otel: Any, paused_drainer: Any) -> Iterator[Any]:
     """The step buffer empty and its clock new (module state), the drainer paused: only ``steps.drain()`` moves
     marks; the instruments are the ``otel`` fixture's in-memory SDK."""
-    steps._pending.clear()
-    steps._buffer.clock = steps._Clock()
+    steps.reset()
     try:
         yield otel
     finally:
-        steps._pending.clear()
-        steps._buffer.clock = steps._Clock()
+        steps.reset()
 
 
 def _optimizer() -> Any:
@@ -70,7 +68,7 @@ def test_every_optimizer_step_is_a_step(fresh: Any, hooked: None) -> None:
     optimizer = _optimizer()
     for _ in range(5):
         optimizer.step()
-    assert steps.drain() is None and not steps._pending
+    assert steps.drain() is None and not timeline.timeline
     assert _steps_total(fresh) == 5
     durations = _durations(fresh)
     assert durations.count == 4 and durations.sum >= 0
@@ -79,7 +77,8 @@ def test_every_optimizer_step_is_a_step(fresh: Any, hooked: None) -> None:
 
 
 def test_durations_are_the_time_between_steps(fresh: Any) -> None:
-    steps._pending.extend([(10 * SECOND, 0), (10 * SECOND + SECOND // 4, 0), (11 * SECOND - SECOND // 4, 0)])
+    for at in (10 * SECOND, 10 * SECOND + SECOND // 4, 11 * SECOND - SECOND // 4):
+        timeline.timeline.put(at, 0)
     steps.drain()
     durations = _durations(fresh)
     assert (durations.count, durations.sum) == (2, pytest.approx(0.75))
@@ -89,7 +88,8 @@ def test_durations_are_the_time_between_steps(fresh: Any) -> None:
 
 def test_a_clock_set_back_gives_no_negative_duration(fresh: Any) -> None:
     before = selftelemetry.total(selftelemetry.SANITIZED, reason="step_clock_backwards")
-    steps._pending.extend([(20 * SECOND, 0), (19 * SECOND, 0), (21 * SECOND, 0)])
+    for at in (20 * SECOND, 19 * SECOND, 21 * SECOND):
+        timeline.timeline.put(at, 0)
     steps.drain()
     assert _durations(fresh).count == 1 and _durations(fresh).sum == pytest.approx(2.0)
     assert selftelemetry.total(selftelemetry.SANITIZED, reason="step_clock_backwards") == before + 1
@@ -127,11 +127,11 @@ def test_a_replaced_optimizer_takes_over(fresh: Any, hooked: None) -> None:
 
 
 def test_a_full_buffer_turns_marks_away_and_counts_them(fresh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(steps, "MAX_PENDING", 3)
+    monkeypatch.setattr(timeline, "MAX_PENDING", 3)
     before = selftelemetry.total(selftelemetry.DROPPED, "metrics", "buffer_full")
     for _ in range(5):
         torchelastic_otel.step()
-    assert len(steps._pending) == 3
+    assert len(timeline.timeline) == 3
     steps.drain()
     assert selftelemetry.total(selftelemetry.DROPPED, "metrics", "buffer_full") == before + 2
     assert _steps_total(fresh) == 3
@@ -232,14 +232,14 @@ def test_install_hooks_optimizers_registers_the_watchdog_and_undoes_it(
         assert len(worker._worker.final_extras) == len(extras) + 2
         assert "collectives" not in worker._final_metadata()  # (no process group here: nothing to add)
         _optimizer().step()
-        assert len(steps._pending) == 1
+        assert len(timeline.timeline) == 1
         assert anatomy.installed()  # the phase wrappers (tests/unit/test_anatomy.py)
     finally:
         patches.restore()
     assert len(_drainer.state.periodic) == periodic and worker._worker.final_extras == extras
     assert not anatomy.installed()
     _optimizer().step()
-    assert len(steps._pending) == 1  # the hook is gone
+    assert len(timeline.timeline) == 1  # the hook is gone
 
 
 def test_install_keeps_the_job_s_flight_recorder_size(fresh: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -257,4 +257,4 @@ def test_torchelastic_otel_steps_0_turns_it_all_off(fresh: Any, monkeypatch: pyt
     training.install(patches)
     assert len(patches) == 0 and "TORCH_FR_BUFFER_SIZE" not in os.environ
     _optimizer().step()
-    assert not steps._pending
+    assert not timeline.timeline

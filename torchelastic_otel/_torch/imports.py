@@ -182,9 +182,18 @@ class _Loader:
             _run(self.name, _ignoring_module(before), module)
         try:
             self.loader.exec_module(module)
-        finally:
+        except BaseException as exc:
             for _before, after in reversed(pairs):
                 _run(self.name, _ignoring_module(after), module)
+            try:  # fails as without the bridge (imported on a failure only: this module stays free of the bridge)
+                from torchelastic_otel._torch import tracebacks
+
+                tracebacks.drop_own_frame(exc)  # importlib's own frames then go as Python trims them
+            except Exception:
+                pass
+            raise
+        for _before, after in reversed(pairs):
+            _run(self.name, _ignoring_module(after), module)
         _fire(self.name, sys.modules.get(self.name, module))
 
     def __getattr__(self, attribute: str) -> "Any":  # get_source, get_filename, is_package, ... of the real loader

@@ -14,6 +14,11 @@ exit -- and returns the first with its exit code or signal, traceback and the ot
 running and so stopped by the agent) as consequences. Two corrections to plain time order: a rank still exiting
 with a failure file written counts as failed (it raised before its peers noticed), and a communication error (a peer
 lost in a collective) gives way to another rank's own failure close after it (``_first``).
+
+A rank that dies of a CUDA out-of-memory error also writes the allocator's figures for its device (``cuda_memory``:
+device, allocated, reserved, peak, total, in bytes; the worker reads them, ``_torch.worker.memory.oom_figures``);
+they become the root cause's ``torchelastic.root_cause.cuda_memory.*`` attributes. A value in the file that is no
+such figure (not a non-negative integer) is left out and counted (``sanitized``, ``cuda_memory_invalid``).
 """
 
 from __future__ import annotations
@@ -31,11 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchelastic_otel import _names as names
+from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import _settings
 from torchelastic_otel.events._otel import parse_error
 
 __all__ = [
     "FAILURE_DIR_ENV",
+    "CUDA_MEMORY_KEYS",
     "RootCause",
     "agent_failure_dir",
     "attributes",
@@ -53,6 +60,13 @@ _NOT_AVAILABLE = "<N/A>"
 #: How far after the first failure a rank's own (non-communication) failure still counts as what the first lost.
 PEER_LOSS_WINDOW_NS = 10 * 1_000_000_000
 _PEER_LOSS_TYPES = frozenset({"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
+#: A CUDA out-of-memory error's figures in the failure file (``cuda_memory``), and their root-cause attributes.
+CUDA_MEMORY_KEYS = {
+    "device": names.ROOT_CAUSE_CUDA_DEVICE, "allocated": names.ROOT_CAUSE_CUDA_ALLOCATED,
+    "reserved": names.ROOT_CAUSE_CUDA_RESERVED, "peak": names.ROOT_CAUSE_CUDA_PEAK,
+    "total": names.ROOT_CAUSE_CUDA_TOTAL,
+}  # fmt: skip
+_MAX_BYTES = 1 << 62  # no device holds more: a larger figure is not one
 _PEER_LOSS_MARKERS = (
     "Connection closed by peer",
     "Connection reset by peer",
@@ -77,6 +91,7 @@ class RootCause:
     exception_message: str | None = None
     exception_stacktrace: str | None = None
     consequences: list[int] = field(default_factory=list)
+    cuda_memory: dict[str, int] | None = None  # a CUDA OOM's figures (``CUDA_MEMORY_KEYS``), bytes
 
     @property
     def reason(self) -> str:
@@ -143,8 +158,11 @@ def discard_failure_dir() -> None:
     _made.discard()
 
 
-def write_failure(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-    """In a worker, on an uncaught exception: write its type, message, traceback and time for the agent.
+def write_failure(
+    exc_type: type[BaseException], exc: BaseException, tb: Any, cuda_memory: dict[str, int] | None = None
+) -> None:
+    """In a worker, on an uncaught exception: write its type, message, traceback and time for the agent, and for a
+    CUDA out-of-memory error the allocator's figures (``cuda_memory``: ``_torch.worker.memory.oom_figures``).
 
     Written to a temporary name and renamed, so the agent never reads half a file. Nothing happens outside a
     bridged torchrun worker. Never raises (the worker is dying already; its own traceback is what matters).
@@ -160,6 +178,8 @@ def write_failure(exc_type: type[BaseException], exc: BaseException, tb: Any) ->
             "message": _cut(str(exc)),
             "stacktrace": _cut("".join(traceback.format_exception(exc_type, exc, tb)), keep_end=True),
         }
+        if cuda_memory:
+            data["cuda_memory"] = {key: value for key, value in cuda_memory.items() if key in CUDA_MEMORY_KEYS}
         path = os.path.join(directory, f"{os.getpid()}.json")
         tmp = f"{path}.tmp"
         with open(tmp, "w") as fh:
@@ -245,7 +265,28 @@ def _from_failure_file(cause: RootCause, own: dict[str, Any]) -> RootCause:
     cause.time_unix_nano, cause.time_source = own["time_unix_nano"], "exception"
     cause.exception_type, cause.exception_message = own.get("type"), own.get("message")
     cause.exception_stacktrace = own.get("stacktrace")
+    cause.cuda_memory = _cuda_memory(own.get("cuda_memory"))
     return cause
+
+
+def _cuda_memory(raw: Any) -> dict[str, int] | None:
+    """The figures of the failure file's ``cuda_memory``: the known keys whose value is a non-negative integer
+    (a float with no fraction too); anything else is left out and counted. ``None`` without a device."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        selftelemetry.count(selftelemetry.SANITIZED, "logs", "cuda_memory_invalid")
+        return None
+    out = {}
+    for key, value in raw.items():
+        number = value if isinstance(value, int) and not isinstance(value, bool) else None
+        if isinstance(value, float) and value.is_integer():
+            number = int(value)
+        if key in CUDA_MEMORY_KEYS and number is not None and 0 <= number <= _MAX_BYTES:
+            out[key] = number
+        else:
+            selftelemetry.count(selftelemetry.SANITIZED, "logs", "cuda_memory_invalid")
+    return out if "device" in out else None
 
 
 def _cause(rank: int, failure: Any, failure_dir: str | None, observed_ns: int) -> RootCause:
@@ -327,4 +368,5 @@ def attributes(cause: RootCause) -> dict[str, Any]:
         "exception.stacktrace": cause.exception_stacktrace,
     }
     out.update({key: value for key, value in optional.items() if value is not None})
+    out.update({CUDA_MEMORY_KEYS[key]: value for key, value in (cause.cuda_memory or {}).items()})
     return out

@@ -6,9 +6,11 @@ Pure functions over a built ``model.Job`` (the shared contract of issue 28 says 
 cause (``CAUSES``), so a rank's figures sum to the run's wall time; the run's figures are the mean over its ranks,
 and so is each attempt's. Per rank, walking its worker processes (one per attempt, ``WorkerRun`` [S, E]) in time:
 
-- *before its first process*: ``rendezvous`` (the agent starting and the first rendezvous);
-- *between two processes*: ``rendezvous`` where the agent's rendezvous spans (of the rank's host, else of every
-  agent) cover the gap, ``restart`` for the rest (failure detected, workers stopped and started again);
+- *before its first process*: ``rendezvous`` where the agent's rendezvous spans (of the rank's host, else of every
+  agent) cover it, ``startup`` for the rest (the launcher starting before any rendezvous began, the agent starting
+  its workers after it);
+- *between two processes*: ``rendezvous`` where the agent's rendezvous spans cover the gap, ``restart`` for the
+  rest (failure detected, workers stopped and started again);
 - *after its last process* to the run's end: ``startup`` (the agent's shut-down: overhead, not progress);
 - *inside a process*: the latest value (by time) of each cause of the worker's cumulative counter
   ``torchelastic.goodput.time`` (startup, productive, input_wait, checkpoint_save, checkpoint_load, stalled); they
@@ -29,9 +31,14 @@ and so is each attempt's. Per rank, walking its worker processes (one per attemp
 
 The ratio is ``productive`` over the wall time (the share of it spent on progress that was kept).
 
-**Phases** (:func:`phases`): per (restart, rank), the median seconds per step of each phase: the worker's own
-(``torchelastic.worker.step.phase.median``, over its last 1,001 steps) where it sent one, else interpolated in the
-buckets of its latest (cumulative) ``torchelastic.worker.step.phase.duration`` point, its mean without buckets.
+**Phases** (:func:`anatomies`, :func:`phases`): per (restart, rank), the median seconds per step of each phase: the
+worker's own (``torchelastic.worker.step.phase.median``, over its last 1,001 steps) where it sent one, else
+interpolated in the buckets of its latest (cumulative) ``torchelastic.worker.step.phase.duration`` point, its mean
+without buckets. Each on one clock (attribute ``clock``): where the worker has points on the GPU's clock (CUDA
+events, from CUDA's initialisation on), those alone -- the host's of its first steps would mix two clocks -- else the
+host's (points without the attribute are the host's: older files). On the GPU's clock, ``gpu_idle`` is the share of
+the GPU's step time it waited for the host: the sum of ``torchelastic.worker.step.gpu_idle.duration`` over the sum of
+the worker's device-clock phase histograms (both cumulative, over the same steps).
 
 **Verdict** (:func:`verdict`): see its docstring for the order and the thresholds.
 """
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -58,8 +66,12 @@ class Training(Protocol):
     @property
     def stragglers(self) -> list[Any]: ...
 
+    #: every rank's steps (``training.RankSteps``: ``restart``, ``rank``, ``steps``)
+    ranks: list[Any]
     #: ``phases(job)``, when it computed them (else they are computed here)
     phases: dict[tuple[int, int], dict[str, float | None]] | None
+    #: ``anatomies(job)``, when it computed them: each rank's clock and step count (else: the host's, no counts)
+    anatomy: dict[tuple[int, int], Anatomy] | None
 
 
 __all__ = [
@@ -67,10 +79,13 @@ __all__ = [
     "PHASES",
     "VERDICTS",
     "Goodput",
+    "Anatomy",
     "Verdict",
     "Assessment",
     "goodput",
     "phases",
+    "anatomies",
+    "step_shares",
     "verdict",
     "memory_creep",
     "assess",
@@ -83,6 +98,8 @@ CAUSES = ("productive", "startup", "rendezvous", "restart", "checkpoint_save", "
 #: The phases of a step (``torchelastic.worker.step.phase.duration``, attribute ``phase``).
 PHASES = ("input", "forward", "backward", "optimizer", "collective_wait", "other")
 VERDICTS = ("memory-creep", "straggler", "input-bound", "communication-bound", "compute-bound", "healthy")
+#: The clocks a step's phases are timed on (attribute ``clock``; a point without it is the host's).
+CLOCK_DEVICE, CLOCK_HOST = "device", "host"
 
 #: What a worker process's counter accounts for (the rest of its causes come from the agent or the report).
 _WORKER_CAUSES = ("startup", "productive", "input_wait", "checkpoint_save", "checkpoint_load", "stalled")
@@ -207,12 +224,10 @@ def goodput(job: Job) -> Goodput:
             start = min(max(run.start, cursor), job.end)
             end = min(max(run.end, start), job.end)
             gap = start - cursor
-            if i == 0:
-                ledger.add(run.restart, "rendezvous", gap / 1e9)
-            elif gap > 0:
+            if gap > 0:  # rendezvous where the agent's spans cover it; the rest start-up (first) or restart
                 covered = _covered(rendezvous.get(run.host) or every_rendezvous, cursor, start)
                 ledger.add(run.restart, "rendezvous", covered / 1e9)
-                ledger.add(run.restart, "restart", (gap - covered) / 1e9)
+                ledger.add(run.restart, "startup" if i == 0 else "restart", (gap - covered) / 1e9)
             ended_badly = run.state in _ENDED_BADLY or run.restart < last_restart
             key = (run.restart, rank)
             _process(ledger, run.restart, start, end, counters.get(key, {}), at_risk.get(key, {}), stalls[key],
@@ -293,50 +308,110 @@ def _process(
 # ---- the anatomy of a step ---------------------------------------------------------------------------------------
 
 
-def phases(job: Job) -> dict[tuple[int, int], dict[str, float | None]]:
-    """Per (restart, rank): the median seconds per step of every phase (``None`` where the worker recorded none)."""
-    latest: dict[tuple[int, int, str], Point] = {}
-    for point in job.named(names.WORKER_STEP_PHASE_DURATION):
-        proc = point.proc
-        if point.name != names.WORKER_STEP_PHASE_DURATION or proc.kind != "worker" or proc.rank is None:
+@dataclass
+class Anatomy:
+    """One worker process's steps by phase (see the module's docstring)."""
+
+    clock: str  # "device" (the GPU's, CUDA events) or "host"
+    medians: dict[str, float | None]  # phase -> median seconds a step (``None``: the worker recorded none)
+    steps: int  # the steps the phases are of (the most any phase's histogram counted)
+    #: device clock: the share of the GPU's step time it waited for the host (``WORKER_STEP_GPU_IDLE``)
+    gpu_idle: float | None = None
+    #: whether its ``collective_wait`` was measured: it arrived at collectives (``WORKER_STEP_ARRIVAL``), or it is
+    #: its attempt's only rank. Without the Flight Recorder's entries the wait stays in the phase it fell in.
+    waits_measured: bool = True
+
+
+def _clock(point: Point) -> str:
+    return CLOCK_DEVICE if as_str(point.attrs.get(names.CLOCK)) == CLOCK_DEVICE else CLOCK_HOST
+
+
+def _worker_key(point: Point, name: str) -> tuple[int, int] | None:
+    proc = point.proc
+    if point.name != name or proc.kind != "worker" or proc.rank is None:
+        return None
+    return (proc.restart or 0, proc.rank)
+
+
+def _most_counted(job: Job, name: str) -> dict[tuple[int, int, str, str], Point]:
+    """Per (restart, rank, clock, phase), the cumulative point of histogram ``name`` that saw the most steps."""
+    latest: dict[tuple[int, int, str, str], Point] = {}
+    for point in job.named(name):
+        key = _worker_key(point, name)
+        if key is None or not point.count:
             continue
-        phase = as_str(point.attrs.get(names.PHASE))
-        if phase not in PHASES or not point.count:
+        phase = as_str(point.attrs.get(names.PHASE)) if name == names.WORKER_STEP_PHASE_DURATION else ""
+        if name == names.WORKER_STEP_PHASE_DURATION and phase not in PHASES:
             continue
-        key = (proc.restart or 0, proc.rank, phase)
-        seen = latest.get(key)
+        full = (*key, _clock(point), phase)
+        seen = latest.get(full)
         if seen is None or ((point.count or 0), point.time) > ((seen.count or 0), seen.time):
-            latest[key] = point  # cumulative: the point that saw the most steps
+            latest[full] = point
+    return latest
+
+
+def anatomies(job: Job) -> dict[tuple[int, int], Anatomy]:
+    """Per (restart, rank): its steps by phase, on the device's clock where it has device-clock points."""
+    latest = _most_counted(job, names.WORKER_STEP_PHASE_DURATION)
     exact = _phase_medians(job)
-    out: dict[tuple[int, int], dict[str, float | None]] = {}
-    for (restart, rank, phase), point in sorted(latest.items()):
-        median = exact.get((restart, rank, phase))
+    device = {(restart, rank) for restart, rank, clock, _ in [*latest, *exact] if clock == CLOCK_DEVICE}
+    idle = {(restart, rank): point for (restart, rank, _, _), point in
+            _most_counted(job, names.WORKER_STEP_GPU_IDLE).items()}  # fmt: skip
+    arrived = {key for point in job.named(names.WORKER_STEP_ARRIVAL)
+               if (key := _worker_key(point, names.WORKER_STEP_ARRIVAL)) is not None and point.count}  # fmt: skip
+    out: dict[tuple[int, int], Anatomy] = {}
+    totals: dict[tuple[int, int], float] = collections.defaultdict(float)
+    for (restart, rank, clock, phase), point in sorted(latest.items()):
+        key = (restart, rank)
+        if clock != (CLOCK_DEVICE if key in device else CLOCK_HOST):
+            continue
+        median = exact.get((restart, rank, clock, phase))
         if median is None:
             median = point.quantile(0.5)
-        out.setdefault((restart, rank), dict.fromkeys(PHASES))[phase] = None if median is None else max(0.0, median)
+        found = out.setdefault(key, Anatomy(clock, dict.fromkeys(PHASES), 0))
+        found.medians[phase] = None if median is None else max(0.0, median)
+        found.steps = max(found.steps, point.count or 0)
+        totals[key] += point.total or 0.0
+    ranks = collections.Counter(restart for restart, _ in out)
+    for key, found in out.items():
+        found.waits_measured = key in arrived or ranks[key[0]] < 2
+        waited = idle.get(key)
+        if found.clock == CLOCK_DEVICE and waited is not None and waited.total is not None and totals[key] > 0:
+            found.gpu_idle = min(1.0, fraction(waited.total, totals[key]))
     return out
 
 
-def _phase_medians(job: Job) -> dict[tuple[int, int, str], float]:
-    """The workers' own medians (``torchelastic.worker.step.phase.median``: the last 1,001 steps), latest by time."""
-    latest: dict[tuple[int, int, str], Point] = {}
+def phases(job: Job) -> dict[tuple[int, int], dict[str, float | None]]:
+    """Per (restart, rank): the median seconds per step of every phase (``None`` where the worker recorded none),
+    on the device's clock where the worker has device-clock points (``anatomies``)."""
+    return {key: found.medians for key, found in anatomies(job).items()}
+
+
+def _phase_medians(job: Job) -> dict[tuple[int, int, str, str], float]:
+    """The workers' own medians (``torchelastic.worker.step.phase.median``: the last 1,001 steps), latest by time,
+    per (restart, rank, clock, phase)."""
+    latest: dict[tuple[int, int, str, str], Point] = {}
     for point in job.named(names.WORKER_STEP_PHASE_MEDIAN):
-        proc = point.proc
-        if point.name != names.WORKER_STEP_PHASE_MEDIAN or proc.kind != "worker" or proc.rank is None:
+        key = _worker_key(point, names.WORKER_STEP_PHASE_MEDIAN)
+        if key is None or point.value is None:
             continue
-        phase = as_str(point.attrs.get(names.PHASE))
-        key = (proc.restart or 0, proc.rank, phase)
-        if point.value is not None and (key not in latest or point.time >= latest[key].time):
-            latest[key] = point
+        full = (*key, _clock(point), as_str(point.attrs.get(names.PHASE)))
+        if full not in latest or point.time >= latest[full].time:
+            latest[full] = point
     return {key: point.value for key, point in latest.items() if point.value is not None}
 
 
-def step_shares(found: dict[tuple[int, int], dict[str, float | None]]) -> dict[str, float] | None:
+def step_shares(
+    found: dict[tuple[int, int], dict[str, float | None]], leave_out: Iterable[tuple[int, int]] = ()
+) -> dict[str, float] | None:
     """The job's median step by phase, as shares of it: each phase's median over the workers (every restart and
-    rank alike), over the sum of those medians; ``None`` without phases."""
+    rank alike, less those in ``leave_out`` unless that is all of them), over the sum of those medians; ``None``
+    without phases."""
+    skipped = set(leave_out)
+    kept = [v for key, v in found.items() if key not in skipped] or list(found.values())
     medians = {}
     for phase in PHASES:
-        values = [v[phase] for v in found.values() if v.get(phase) is not None]
+        values = [v[phase] for v in kept if v.get(phase) is not None]
         medians[phase] = statistics.median(v for v in values if v is not None) if values else 0.0
     step = sum(medians.values())
     return {phase: value / step for phase, value in medians.items()} if step > 0 else None
@@ -348,7 +423,8 @@ def step_shares(found: dict[tuple[int, int], dict[str, float | None]]) -> dict[s
 @dataclass
 class Verdict:
     verdict: str  # one of VERDICTS
-    reason: str  # the figure that decided it
+    reason: str  # the figure that decided it, and on how many steps
+    steps: int = 0  # the steps it rests on (a rank's, per attempt; 0: none measured)
 
 
 def memory_creep(job: Job) -> list[Any]:
@@ -361,7 +437,7 @@ def memory_creep(job: Job) -> list[Any]:
 
 
 def _percent(share: float) -> str:
-    return f"{round(share * 100)} %"
+    return f"{round(share * 100)} %" if math.isfinite(share) else "? %"
 
 
 def _creep_reason(creep: Any) -> str:
@@ -380,14 +456,15 @@ def verdict(
     phases: dict[tuple[int, int], dict[str, float | None]],
     creep: Sequence[Any],
 ) -> Verdict:
-    """The one line: what bounds this job, with the figure that decided it. The first rule that holds wins:
+    """The one line: what bounds this job, with the figure that decided it and the steps it rests on (``steps``).
+    The first rule that holds wins:
 
     1. ``memory-creep``: a rank's memory grows steadily (``report.memory.creep``). First because it ends the job
        (an OOM) whatever else is true, and the other figures are of a job that will not finish.
-    2. ``straggler``: a rank arrives at its steps' last collective ``training.STRAGGLER_RATIO`` (1.2x) or more
-       later than the attempt's median rank. Before the phases: a straggler makes every *other* rank wait in the
-       collective, so its job looks communication-bound while the cause is one rank (fix the rank, not the
-       network).
+    2. ``straggler``: a rank arrives at its steps' last collective later than the attempt's median rank by a
+       delay that matters, in most of its steps (``training``'s rule: medians, a share of the step, 10 steps
+       at least). Before the phases: a straggler makes every *other* rank wait in the collective, so its
+       job looks communication-bound while the cause is one rank (fix the rank, not the network).
     3. ``input-bound``: the input phase (waiting in the DataLoader) is 30 % or more of the median step. Before
        communication: ranks waiting on their input arrive late at the collective, so input wait shows up as
        collective wait on the others; the input is the cause. 30 %: at that share a faster loader (workers,
@@ -399,40 +476,76 @@ def verdict(
        (``optimizer`` + ``other``: a CPU-offloaded or unfused optimizer, per-step metrics, logging, a Python-heavy
        loop) -- is 30 % or more of the median step. A step that is the model's own forward and backward is what a
        training job should be: that is ``healthy``, not a finding; compute around the model is the compute a
-       fused optimizer, fewer syncs or less logging takes away.
+       fused optimizer, fewer syncs or less logging takes away. On the device's clock ``other`` is the GPU's time
+       outside the model's phases: waiting for the host (logging, syncs, Python).
     6. ``healthy``: none of these (the reason gives the shares, or says there were no step phases).
 
     The median step is each phase's median seconds per step, the median over the workers, as shares of their sum
-    (``step_shares``). Without phases, the goodput counters decide input-bound alone: ``input_wait`` over
-    ``input_wait + productive`` at 30 % or more.
+    (``step_shares``); workers whose collective wait was not measured (no Flight Recorder entries: the wait stayed
+    in another phase) are left out of it where others were measured. Where every worker's phases are on the
+    device's clock, the step is the GPU's ("of the GPU's step"). Without phases, the goodput counters decide
+    input-bound alone: ``input_wait`` over ``input_wait + productive`` at 30 % or more.
     """
     del job  # the figures come in already computed; kept for the signature's sake (and for future rules)
+    anatomy = training.anatomy or {}
+    steps = _steps(anatomy, training.ranks)
     if creep:
-        return Verdict("memory-creep", _creep_reason(creep[0]))
+        return Verdict("memory-creep", _creep_reason(creep[0]), steps)
     stragglers = training.stragglers
     if stragglers:
-        worst = max(stragglers, key=lambda r: r.ratio or 0.0)
-        return Verdict("straggler", f"rank {worst.rank} arrives at its steps' last collective {worst.ratio:.2f}x "
-                                    f"later than the median rank (attempt {worst.restart})")  # fmt: skip
-    shares = step_shares(phases)
+        worst = max(stragglers, key=lambda r: (getattr(r, "delay_share", None) or 0.0, r.ratio or 0.0))
+        return Verdict("straggler", _straggler_reason(worst), int(getattr(worst, "arrival_steps", 0) or 0))
+    unmeasured = {key for key, found in anatomy.items() if not found.waits_measured}
+    shares = step_shares(phases, unmeasured)
+    over = f" over {steps:,} step{'s' if steps != 1 else ''}" if steps else ""
     if shares is None:
         kept = goodput.seconds["input_wait"] + goodput.seconds["productive"]
         if goodput.measured and kept > 0 and goodput.seconds["input_wait"] / kept >= INPUT_BOUND:
             return Verdict("input-bound", f"input wait is {_percent(goodput.seconds['input_wait'] / kept)} of the "
-                                          "step time")  # fmt: skip
+                                          f"step time{over}", steps)  # fmt: skip
         ratio = goodput.ratio
         note = f"goodput {ratio * 100:.1f} %; " if ratio is not None and goodput.measured else ""
-        return Verdict("healthy", f"{note}no step phases in these files")
+        return Verdict("healthy", f"{note}no step phases in these files", steps)
+    gpu = bool(phases) and all(key in anatomy and anatomy[key].clock == CLOCK_DEVICE for key in phases)
+    step = "the GPU's step" if gpu else "the step"
     compute = shares["forward"] + shares["backward"] + shares["optimizer"]
     if shares["input"] >= INPUT_BOUND:
-        return Verdict("input-bound", f"input wait is {_percent(shares['input'])} of the step")
+        return Verdict("input-bound", f"input wait is {_percent(shares['input'])} of {step}{over}", steps)
     if shares["collective_wait"] >= COMMUNICATION_BOUND:
-        return Verdict("communication-bound", f"collective wait is {_percent(shares['collective_wait'])} of the step")
+        return Verdict("communication-bound", f"collective wait is {_percent(shares['collective_wait'])} of "
+                                              f"{step}{over}", steps)  # fmt: skip
     around = shares["optimizer"] + shares["other"]
     if around >= COMPUTE_BOUND:
-        return Verdict("compute-bound", f"optimizer and other host work are {_percent(around)} of the step")
-    return Verdict("healthy", f"no phase dominates the step: input {_percent(shares['input'])}, collective wait "
-                              f"{_percent(shares['collective_wait'])}, compute {_percent(compute)}")  # fmt: skip
+        what = ("the optimizer and the GPU's time outside the model's phases (waiting for the host: logging, syncs, "
+                "Python) are" if gpu else "optimizer and other host work are")  # fmt: skip
+        return Verdict("compute-bound", f"{what} {_percent(around)} of {step}{over}", steps)
+    unseen = "; collective wait not measured (no Flight Recorder entries)" if phases and not (
+        set(phases) - unmeasured) else ""  # fmt: skip
+    return Verdict("healthy", f"no phase dominates {step}{over}: input {_percent(shares['input'])}, collective wait "
+                              f"{_percent(shares['collective_wait'])}, compute {_percent(compute)}{unseen}",
+                   steps)  # fmt: skip
+
+
+def _steps(anatomy: dict[tuple[int, int], Anatomy], ranks: Sequence[Any]) -> int:
+    """The steps a verdict rests on: per attempt, its ranks' most steps with phases (else their most steps), summed
+    over the attempts."""
+    counts: dict[int, int] = collections.defaultdict(int)
+    if anatomy:
+        for (restart, _), found in anatomy.items():
+            counts[restart] = max(counts[restart], found.steps)
+    else:
+        for r in ranks:
+            counts[r.restart] = max(counts[r.restart], int(r.steps or 0))
+    return sum(counts.values())
+
+
+def _straggler_reason(worst: Any) -> str:
+    """``training.RankSteps.straggler_reason`` where it says one (else the ratio alone)."""
+    text = getattr(worst, "straggler_reason", "")
+    if text:
+        return str(text)
+    return (f"rank {worst.rank} arrives at its steps' last collective {worst.ratio or 0.0:.2f}x later than the median "
+            f"rank (attempt {worst.restart})")  # fmt: skip
 
 
 @dataclass
@@ -447,7 +560,11 @@ class Assessment:
 
 def assess(job: Job, training: Training) -> Assessment:
     """Goodput, phases, memory creep and the verdict of ``job`` (``training``: its ``training.analyze``)."""
-    found_phases = training.phases if training.phases is not None else phases(job)
+    if training.anatomy is None:  # a ``Training`` made without it: computed here, once
+        training.anatomy = anatomies(job)
+    found_phases = training.phases
+    if found_phases is None:
+        found_phases = {key: found.medians for key, found in training.anatomy.items()}
     found_goodput, creep = goodput(job), memory_creep(job)
     return Assessment(found_goodput, found_phases, creep,
                       verdict(job, training, found_goodput, found_phases, creep))  # fmt: skip

@@ -25,6 +25,7 @@ from torchelastic_otel import _names as names
 from torchelastic_otel.report import _assets, timeline, training, tree
 from torchelastic_otel.report import goodput as goodput_mod
 from torchelastic_otel.report import hosts as hosts_mod
+from torchelastic_otel.report import memory as memory_mod
 from torchelastic_otel.report import metrics as metrics_mod
 from torchelastic_otel.report import nodes as nodes_mod
 from torchelastic_otel.report.model import IOSTREAM, Attempt, Job, WorkerRun, as_str, output_lines
@@ -214,6 +215,7 @@ def _job_html(job: Job, index: int, limits: Limits, view: _View) -> str:
         '<pre class="details" aria-live="polite">click a bar or a mark for its details</pre>',
         _legend(),
         _goodput_html(assessment.goodput),
+        _memory_html(job, assessment.creep, limits),
         _training_html(job, found, index, limits),
         "<h3>Metrics</h3>",
         f'<div class="charts" data-job="{index}"></div>',
@@ -309,8 +311,8 @@ def _legend() -> str:
 
 def _verdict_html(found: goodput_mod.Assessment) -> str:
     v = found.verdict
-    return (f'<p class="verdict {e(v.verdict)}" data-verdict="{e(v.verdict)}"><b>{e(v.verdict.upper())}</b>: '
-            f"{e(v.reason)}</p>")  # fmt: skip
+    return (f'<p class="verdict {e(v.verdict)}" data-verdict="{e(v.verdict)}" data-steps="{v.steps}">'
+            f"<b>{e(v.verdict.upper())}</b>: {e(v.reason)}</p>")  # fmt: skip
 
 
 def _percent(value: float, total: float) -> str:
@@ -385,6 +387,9 @@ def _cause_html(job: Job, attempt: Attempt, limits: Limits) -> str:
         f'<div class="cause" data-attempt="{attempt.restart}" data-rank="{e(cause.rank)}">',
         f"<p class=headline>attempt {attempt.restart}: {e(cause.headline)}</p>",
     ]
+    if cause.cuda_memory is not None:
+        parts.append(f'<p class=oom data-device="{e(cause.cuda_memory.device)}">'
+                     f"{e(memory_mod.oom_text(cause.cuda_memory))}</p>")  # fmt: skip
     if cause.consequences:
         parts.append(f"<p>then failed or stopped: {e(hosts_mod.rank_list(cause.consequences))}</p>")
     if cause.source == "derived":
@@ -396,6 +401,27 @@ def _cause_html(job: Job, attempt: Attempt, limits: Limits) -> str:
         parts.append(f"<p>last output lines of rank {e(cause.rank)}:</p>" + _pre(cause.output, limits, "output"))
     parts.append("</div>")
     return "\n".join(parts)
+
+
+def _memory_html(job: Job, creeps: list[memory_mod.Creep], limits: Limits) -> str:
+    """The ranks whose memory creeps (``memory``: a CUDA device's with its forecast), and the points left out."""
+    left_out = memory_mod.left_out(job)
+    if not creeps and not left_out:
+        return ""
+    out = ["<h3>Memory</h3>"]
+    if creeps:
+        out.append("<ul class=creeps>")
+        for c in creeps[: limits.failures]:
+            device = "" if c.device is None else f' data-device="{c.device}"'
+            full_in = "" if c.full_in_s is None else f' data-full-in="{c.full_in_s:.0f}"'
+            out.append(f'<li class=creep data-rank="{c.rank}" data-memory="{e(c.memory)}"{device}{full_in}>'
+                       f"memory creeps: {e(c.text)}</li>")  # fmt: skip
+        out.append("</ul>")
+        if len(creeps) > limits.failures:
+            out.append(f"<p class=note>{len(creeps) - limits.failures} more (see --json)</p>")
+    if left_out:
+        out.append(f"<p class=note>{left_out:,} memory points left out: not a memory size</p>")
+    return "\n".join(out)
 
 
 def _training_html(job: Job, found: training.Training, index: int, limits: Limits) -> str:
@@ -430,16 +456,21 @@ def _stragglers_html(found: training.Training, index: int, limits: Limits) -> st
     with_arrival = any(r.arrival is not None for r in found.ranks)
     out = ["<h3>Stragglers</h3>" if with_arrival else "<h3>Steps</h3>",
            f"<p class=note>Each rank's mean arrival at its steps' last collective (from the start of the step to its "
-           f"enqueueing of that collective) against the attempt's median rank: {training.STRAGGLER_RATIO}x or more "
-           "is a straggler. Step time is the same on every rank of a synchronous job: the fast ranks wait for the "
-           "slow one inside the collective.</p>"]  # fmt: skip
+           f"enqueueing of that collective) against the attempt's median rank. A straggler's median arrival is "
+           f"{training.STRAGGLER_RATIO}x the median rank's or more, and {round(training.STRAGGLER_DELAY * 100)} % of "
+           "the step or more later, in most of its steps. Step time is the same on every rank of a synchronous job: "
+           "the fast ranks wait for the slow one inside the collective.</p>"]  # fmt: skip
     for r in found.stragglers:
+        times = r.ratio if r.ratio is not None else r.median_ratio or 0.0
         out.append(
             f'<p class="straggler-line" data-rank="{r.rank}">attempt {r.restart}: rank {r.rank}'
-            f"{' (' + e(r.host) + ')' if r.host else ''} is a straggler: {r.ratio:.2f}x the median rank</p>"
+            f"{' (' + e(r.host) + ')' if r.host else ''} is a straggler: {times:.2f}x the median rank"
+            f"{': ' + e(r.straggler_reason) if r.straggler_reason else ''}</p>"
         )
     with_phases = any(v is not None for r in found.ranks for v in r.phases.values())
+    gpu = with_phases and any(r.clock == goodput_mod.CLOCK_DEVICE for r in found.ranks)
     phase_heads = "".join(f"<th class=phase>{e(p.replace('_', ' '))}</th>" for p in goodput_mod.PHASES)
+    phase_heads += "<th>clock</th><th>GPU idle</th>" if gpu else ""
     out.append("<table class=stragglers><thead><tr><th>attempt</th><th>rank</th><th>host</th><th>arrival</th>"
                f"<th>ratio</th><th>step time</th><th>steps</th>{phase_heads if with_phases else ''}</tr></thead>"
                "<tbody>")  # fmt: skip
@@ -447,17 +478,23 @@ def _stragglers_html(found: training.Training, index: int, limits: Limits) -> st
     for r in shown:
         ratio = f"{r.ratio:.2f}" if r.ratio is not None else ""
         cells = "".join(f'<td class=phase data-phase="{p}">{ms(r.phases.get(p))}</td>' for p in goodput_mod.PHASES)
+        if gpu:
+            idle = f"{r.gpu_idle * 100:.1f} %" if r.gpu_idle is not None else ""
+            device = "GPU" if r.clock == goodput_mod.CLOCK_DEVICE else "host"
+            cells += (f'<td data-clock="{e(r.clock)}">{device}</td><td class=gpu-idle '
+                      f'data-gpu-idle="{"" if r.gpu_idle is None else r.gpu_idle}">{idle}</td>')  # fmt: skip
         out.append(f'<tr class="{"straggler" if r.straggler else ""}" data-rank="{r.rank}" data-restart="{r.restart}">'
                    f"<td>{r.restart}</td><td>{r.rank}</td><td>{e(r.host)}</td><td>{ms(r.arrival)}</td>"
                    f"<td>{ratio}</td><td>{ms(r.step)}</td><td>{r.steps}</td>"
                    f"{cells if with_phases else ''}</tr>")  # fmt: skip
     out.append("</tbody></table>")
     if left_out:
-        out.append(f"<p class=note>{left_out:,} more ranks within {training.STRAGGLER_RATIO}x of the median not listed "
-                   "(see --json)</p>")  # fmt: skip
+        out.append(f"<p class=note>{left_out:,} more ranks, none a straggler, not listed (see --json)</p>")
     if with_phases:
         out.append(f"<p class=note>Phases: each rank's median seconds per step of each phase "
-                   f"({e(names.WORKER_STEP_PHASE_DURATION)}), from its histogram's buckets.</p>")  # fmt: skip
+                   f"({e(names.WORKER_STEP_PHASE_DURATION)}), from its histogram's buckets."
+                   + (" GPU: timed on the GPU's own clock (CUDA events); GPU idle is the share of the GPU's step "
+                      "time it waited for the host." if gpu else "") + "</p>")  # fmt: skip
     out.append(f'<div class="charts training" data-job="{index}"></div>')
     return "\n".join(out)
 

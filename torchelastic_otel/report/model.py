@@ -81,10 +81,61 @@ class Failure:
 
 
 @dataclass
+class CudaMemory:
+    """A CUDA out-of-memory error's figures for its device, as the rank recorded them when it died (bytes; ``None``
+    where not recorded). ``invalid``: values the record held that were no size (left out)."""
+
+    device: int
+    allocated: int | None = None
+    reserved: int | None = None
+    peak: int | None = None  # torch.cuda.max_memory_allocated
+    total: int | None = None  # the device's memory
+    invalid: int = 0
+
+
+_CUDA_MEMORY_FIELDS = ("device", "allocated", "reserved", "peak", "total")
+_MAX_BYTES = 1 << 62
+
+
+def cuda_memory_of(attrs: dict[str, Any], keys: tuple[str, str, str, str, str]) -> CudaMemory | None:
+    """The ``CudaMemory`` in ``attrs`` under ``keys`` (device, allocated, reserved, peak, total); ``None`` without
+    a device. A value that is no non-negative integer is left out and counted in ``invalid``."""
+    values: dict[str, int | None] = {}
+    invalid = 0
+    for name, key in zip(_CUDA_MEMORY_FIELDS, keys, strict=True):
+        raw = attrs.get(key)
+        number = _size(raw)
+        if raw is not None and number is None:
+            invalid += 1
+        values[name] = number
+    device = values.pop("device")
+    if device is None:
+        return None
+    return CudaMemory(device, invalid=invalid, **values)
+
+
+def _size(raw: Any) -> int | None:
+    """A non-negative integer (as written: an int, a whole float, a decimal string); ``None`` otherwise."""
+    if isinstance(raw, bool) or raw is None:
+        return None
+    if isinstance(raw, float):
+        raw = int(raw) if raw.is_integer() else None
+    number = as_int(raw) if isinstance(raw, (int, str)) else None
+    return number if number is not None and 0 <= number <= _MAX_BYTES else None
+
+
+_WORKER_CUDA_KEYS = (names.CUDA_MEMORY_DEVICE, names.CUDA_MEMORY_ALLOCATED, names.CUDA_MEMORY_RESERVED,
+                     names.CUDA_MEMORY_PEAK, names.CUDA_MEMORY_TOTAL)  # fmt: skip
+_ROOT_CAUSE_CUDA_KEYS = (names.ROOT_CAUSE_CUDA_DEVICE, names.ROOT_CAUSE_CUDA_ALLOCATED, names.ROOT_CAUSE_CUDA_RESERVED,
+                         names.ROOT_CAUSE_CUDA_PEAK, names.ROOT_CAUSE_CUDA_TOTAL)  # fmt: skip
+
+
+@dataclass
 class RootCause(Failure):
     consequences: list[int] = field(default_factory=list)
     source: str = "derived"  # "record": the agent's torchelastic.root_cause; "derived": chosen from the failures
     output: list[str] = field(default_factory=list)
+    cuda_memory: CudaMemory | None = None  # a CUDA OOM's figures (the root-cause record's, else the rank's own)
 
     @property
     def headline(self) -> str:
@@ -121,6 +172,7 @@ class WorkerRun:
     stack: str = ""
     root_cause: bool = False
     failed_at: int = 0  # when it raised (its own exception record)
+    cuda_memory: CudaMemory | None = None  # its exception record's, for a CUDA OOM
     spans: list[Span] = field(default_factory=list)
     output: list[LogRecord] = field(default_factory=list)
     first_seen: int = 0
@@ -500,6 +552,7 @@ def _worker_records(job: Job, runs: _Runs, by_proc: dict[Proc, WorkerRun]) -> No
             run.stacktrace = as_str(rec.attrs.get("exception.stacktrace"))
             run.state = "failed"
             run.failed_at = rec.time
+            run.cuda_memory = cuda_memory_of(rec.attrs, _WORKER_CUDA_KEYS)
         elif name == TERMINATED_EVENT:
             run.stack = as_str(rec.attrs.get(names.STACK))
             run.state = "terminated"
@@ -605,6 +658,8 @@ def _finish_attempt(job: Job, attempt: Attempt, verdicts: _Verdicts) -> None:
                 run.root_cause = True
                 if not cause.stacktrace:
                     cause.stacktrace = run.stacktrace
+                if cause.cuda_memory is None:
+                    cause.cuda_memory = run.cuda_memory
                 cause.output = output_lines(run, cause.stacktrace)
 
 
@@ -680,6 +735,7 @@ def _from_root_cause_attrs(attrs: dict[str, Any], attempt: Attempt, time: int, h
         pid=as_int(attrs.get("process.pid")),
         consequences=[r for r in (as_int(c) for c in _as_list(consequences)) if r is not None],
         source="record",
+        cuda_memory=cuda_memory_of(attrs, _ROOT_CAUSE_CUDA_KEYS),
     )
 
 

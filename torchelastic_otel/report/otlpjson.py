@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from torchelastic_otel import _names as names
+from torchelastic_otel.report import figures
 from torchelastic_otel.report.otlpvalues import (
     _EMPTY,
     _NO_EVENTS,
@@ -591,6 +592,7 @@ def read(paths: Iterable[str | os.PathLike[str]]) -> Telemetry:
             f"no OTLP spans, log records or metric points in {len(tel.files)} file(s)"
             + (f" ({details})" if details else "")
         )
+    figures.screen(tel)  # the bridge's figures no duration, size or count can be: left out, counted
     return tel
 
 

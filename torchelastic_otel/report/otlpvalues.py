@@ -185,7 +185,8 @@ _BOUND_TYPES, _COUNT_TYPES = frozenset((float, int, str)), frozenset((int, str))
 
 def distribution(point: Point, total: Any, raw_bounds: Any, raw_buckets: Any, low: Any, high: Any) -> None:
     """A histogram point's sum, bounds, bucket counts, min and max from their fields as written (buckets that do
-    not match their bounds are dropped: the point keeps its mean)."""
+    not match their bounds are dropped: the point keeps its mean; a negative count is kept, for ``figures`` to
+    count where the report would compute with it)."""
     point.total = None if total is None else _f64(total, "sum")
     raw_bounds, raw_buckets = _list(raw_bounds, "explicit_bounds"), _list(raw_buckets, "bucket_counts")
     try:  # the common case at C speed: numbers (bounds), decimal strings (counts)
@@ -195,7 +196,7 @@ def distribution(point: Point, total: Any, raw_bounds: Any, raw_buckets: Any, lo
     except (TypeError, ValueError):
         bounds = tuple(_f64(b, "explicit_bounds") for b in raw_bounds)
         buckets = tuple(_i64(n, "bucket_counts") for n in raw_buckets)
-    if buckets and len(buckets) == len(bounds) + 1 and min(buckets) >= 0:
+    if buckets and len(buckets) == len(bounds) + 1:
         point.bounds, point.buckets = bounds, buckets
     point.low = None if low is None else _f64(low, "min")
     point.high = None if high is None else _f64(high, "max")

@@ -143,10 +143,10 @@ class Point:
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile (0..1) of a histogram point, interpolated linearly inside the bucket where it falls
         (the first bucket from ``low``, else 0, since the bridge's histograms are of durations; the last bucket up
-        to ``high``); the mean (``value``) when the point has no usable buckets or the quantile falls in an
-        unbounded bucket whose maximum is unknown."""
+        to ``high``); the mean (``value``) when the point has no usable buckets (none, a negative count) or the
+        quantile falls in an unbounded bucket whose maximum is unknown."""
         count = sum(self.buckets)
-        if not self.buckets or len(self.buckets) != len(self.bounds) + 1 or count <= 0:
+        if not self.buckets or len(self.buckets) != len(self.bounds) + 1 or count <= 0 or min(self.buckets) < 0:
             return self.value
         rank = q * count
         seen = 0
@@ -168,6 +168,37 @@ class Point:
             lower = min(lower, upper)
             return lower + (upper - lower) * max(0.0, min(1.0, (rank - seen) / n))
         return self.value
+
+    def count_above(self, x: float) -> float | None:
+        """How many of a histogram point's observations exceed ``x``, estimated as ``quantile`` interpolates: each
+        bucket's observations spread evenly between its bounds (the first from ``low``, else 0; the last up to
+        ``high``; both clamped to ``low`` / ``high``). ``None`` without usable buckets, or where ``x`` falls in the
+        unbounded last bucket and its maximum is unknown."""
+        if not self.buckets or len(self.buckets) != len(self.bounds) + 1 or sum(self.buckets) <= 0:
+            return None
+        if min(self.buckets) < 0:
+            return None
+        above = 0.0
+        for i, n in enumerate(self.buckets):
+            if n <= 0:
+                continue
+            lower = self.bounds[i - 1] if i > 0 else (self.low if self.low is not None else 0.0)
+            upper = self.bounds[i] if i < len(self.bounds) else self.high
+            if self.low is not None:
+                lower = max(lower, self.low)
+            if upper is None:  # the unbounded bucket without a maximum: only whether x is below it is known
+                if x >= lower:
+                    return None
+                above += n
+                continue
+            if self.high is not None:
+                upper = min(upper, self.high)
+            lower = min(lower, upper)
+            if x < lower or (x == lower and upper > lower):
+                above += n
+            elif x < upper:
+                above += n * (upper - x) / (upper - lower)
+        return above
 
 
 #: each record class's fields, in order, as one C call (``__reduce__``)

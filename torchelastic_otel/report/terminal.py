@@ -18,6 +18,7 @@ from typing import IO
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import goodput as goodput_mod
 from torchelastic_otel.report import hosts as hosts_mod
+from torchelastic_otel.report import memory as memory_mod
 from torchelastic_otel.report import metrics as metrics_mod
 from torchelastic_otel.report import nodes as nodes_mod
 from torchelastic_otel.report import timeline, training, tree
@@ -85,6 +86,7 @@ def _job(out: Text, tel: Telemetry, job: Job, width: int) -> None:
     _deviating(out, view)
     _timeline(out, job, view, width)
     _where_the_time_went(out, assessment.goodput, width)
+    _memory(out, job, assessment.creep)
     _training(out, job, found)
     out.heading("TRACE")
     for line in tree.render(job.spans, max_lines=80):
@@ -305,6 +307,8 @@ def _how_it_went(attempts: list[Attempt]) -> str:
 
 
 def _cause_details(out: Text, cause: RootCause) -> None:
+    if cause.cuda_memory is not None:
+        out.add(f"  {memory_mod.oom_text(cause.cuda_memory)}")
     if cause.consequences:
         out.add(f"  then failed or stopped: {hosts_mod.rank_list(cause.consequences)}")
     if cause.source == "derived":
@@ -319,6 +323,25 @@ def _cause_details(out: Text, cause: RootCause) -> None:
         out.add("  last output lines of the rank:")
         for line in cause.output[-8:]:
             out.add("    " + textwrap.shorten(line, 160, placeholder="..."))
+
+
+# ---- memory -----------------------------------------------------------------------------------------------------
+
+_MAX_CREEPS = 8
+
+
+def _memory(out: Text, job: Job, creeps: list[memory_mod.Creep]) -> None:
+    """The ranks whose memory creeps (``memory``: a CUDA device's with its forecast), and the points left out."""
+    left_out = memory_mod.left_out(job)
+    if not creeps and not left_out:
+        return
+    out.heading("MEMORY")
+    for creep in creeps[:_MAX_CREEPS]:
+        out.add(out.paint(f"memory creeps: {creep.text}", _RED))
+    if len(creeps) > _MAX_CREEPS:
+        out.add(f"... {len(creeps) - _MAX_CREEPS} more (see --json or the HTML report)")
+    if left_out:
+        out.add(out.paint(f"{left_out:,} memory points left out: not a memory size", _DIM))
 
 
 # ---- training: stragglers, stalls, missing ranks -------------------------------------------------------------
@@ -359,14 +382,18 @@ def _ms(seconds: float | None) -> str:
 
 
 def _stragglers(out: Text, found: training.Training) -> None:
-    out.heading(f"STRAGGLERS  (arrival at each step's last collective against the attempt's median rank; "
-                f"{training.STRAGGLER_RATIO}x or more is a straggler)")  # fmt: skip
+    out.heading(f"STRAGGLERS  (arrival at each step's last collective against the attempt's median rank; a "
+                f"straggler arrives {training.STRAGGLER_RATIO}x and {round(training.STRAGGLER_DELAY * 100)} % of the "
+                "step or more later in most of its steps)")  # fmt: skip
     for rank in found.stragglers:
+        times = rank.ratio if rank.ratio is not None else rank.median_ratio or 0.0
         out.add(out.paint(f"attempt {rank.restart}: rank {rank.rank}{' (' + rank.host + ')' if rank.host else ''} is "
-                          f"a straggler: {rank.ratio:.2f}x the median rank", _RED))  # fmt: skip
+                          f"a straggler: {times:.2f}x the median rank", _RED))  # fmt: skip
+        if rank.straggler_reason:
+            out.add(f"  {rank.straggler_reason}")
     if not found.stragglers:
-        out.add("no straggler: every rank arrives within "
-                f"{training.STRAGGLER_RATIO}x of the median rank")  # fmt: skip
+        out.add(f"no straggler: no rank arrives {round(training.STRAGGLER_DELAY * 100)} % of the step later than the "
+                "median rank in most of its steps")  # fmt: skip
     out.add(f"{'attempt':>7} {'rank':>5}  {'host':<16}{'arrival':>12}{'ratio':>8}{'step time':>12}{'steps':>8}")
     shown, left_out = table_ranks(found)
     for rank in shown:
@@ -375,19 +402,28 @@ def _stragglers(out: Text, found: training.Training) -> None:
                 f"{_ms(rank.step):>12}{rank.steps:>8}")  # fmt: skip
         out.add(out.paint(line + "  <- straggler", _RED) if rank.straggler else line)
     if left_out:
-        out.add(f"... {left_out:,} more ranks within {training.STRAGGLER_RATIO}x of the median (see --json)")
+        out.add(f"... {left_out:,} more ranks, none a straggler (see --json)")
     out.add(out.paint("  step time is the same on every rank of a synchronous job: the fast ranks wait for the slow "
                       "one inside the collective", _DIM))  # fmt: skip
 
 
 def _phases(out: Text, found: training.Training) -> None:
-    out.heading(f"STEP PHASES  (each rank's median per step, of {names.WORKER_STEP_PHASE_DURATION})")
+    gpu = any(r.clock == goodput_mod.CLOCK_DEVICE for r in found.ranks)
+    clock = "; GPU: on the GPU's clock, with the GPU's idle share of its step" if gpu else ""
+    out.heading(f"STEP PHASES  (each rank's median per step, of {names.WORKER_STEP_PHASE_DURATION}{clock})")
     cell = 11
-    out.add(f"{'attempt':>7} {'rank':>5}" + "".join(f"{_PHASE_LABELS[p]:>{cell}}" for p in goodput_mod.PHASES))
+    extra = f"{'clock':>7}{'GPU idle':>10}" if gpu else ""
+    out.add(f"{'attempt':>7} {'rank':>5}" + "".join(f"{_PHASE_LABELS[p]:>{cell}}" for p in goodput_mod.PHASES)
+            + extra)  # fmt: skip
     shown, left_out = table_ranks(found)
     for rank in shown:
-        out.add(f"{rank.restart:>7} {rank.rank:>5}" + "".join(f"{_ms(rank.phases.get(p)):>{cell}}"
-                                                              for p in goodput_mod.PHASES))  # fmt: skip
+        row = f"{rank.restart:>7} {rank.rank:>5}" + "".join(f"{_ms(rank.phases.get(p)):>{cell}}"
+                                                            for p in goodput_mod.PHASES)  # fmt: skip
+        if gpu:
+            device = rank.clock == goodput_mod.CLOCK_DEVICE
+            idle = f"{rank.gpu_idle * 100:.1f} %" if rank.gpu_idle is not None else ""
+            row += f"{'GPU' if device else 'host':>7}{idle:>10}"
+        out.add(row)
     if left_out:
         out.add(f"... {left_out:,} more ranks (see --json)")
 

@@ -2,10 +2,21 @@
 
 From the workers' own telemetry (``torchelastic_otel._torch.worker.steps`` / ``collectives`` / ``stalls``):
 
-- **stragglers**: each worker's mean *arrival* (``torchelastic.worker.step.arrival``: from the start of a step to
-  its enqueueing of the step's last collective) against the median of the ranks of the same attempt, on every node
-  whose files are read. A rank at ``STRAGGLER_RATIO`` (1.2, as the alert ``TorchElasticStraggler``) or more is a
-  straggler. Step time (``torchelastic.worker.step.duration``) is shown beside it: it is the same for every rank of a
+- **stragglers**: each worker's *arrival* (``torchelastic.worker.step.arrival``: from the start of a step to its
+  enqueueing of the step's last collective) against the median rank of the same attempt, on every node whose
+  files are read. ``ratio`` is its mean arrival over the median rank's mean, the figure of the alert
+  ``TorchElasticStraggler``. A rank is a *straggler* when a delay that matters is seen in most of its steps,
+  measured so that a few slow steps (a descheduled process, a first step's warm-up) decide nothing:
+
+  - its median arrival (``torchelastic.worker.step.arrival.median``, over its last 1,001 steps; in older files the
+    median interpolated in the histogram's buckets) is ``STRAGGLER_RATIO`` (1.2) times the median rank's or more,
+  - and later than it by ``STRAGGLER_DELAY`` (10 %) of the attempt's median step or more (a ratio of two
+    sub-millisecond arrivals is no delay: the step is what a straggler slows),
+  - in more than ``STRAGGLER_MOST`` (half) of its steps: the steps it arrived later than the median rank's
+    median plus that delay, estimated in its histogram's buckets,
+  - over ``STRAGGLER_MIN_STEPS`` (10) steps at least.
+
+  Step time (``torchelastic.worker.step.duration``) is shown beside it: it is the same for every rank of a
   synchronous job, which is why it cannot name the slow one;
 - **stalls**: the ``torchelastic.worker.stalled`` records, one stall per rank and start (its repeats counted), with
   the innermost frame of the main thread (``stack_top``) and the line of the user's code (``code``);
@@ -13,8 +24,9 @@ From the workers' own telemetry (``torchelastic_otel._torch.worker.steps`` / ``c
   stalled, terminated and exception records: ``torchelastic.collectives.<group>.*``); where some ranks enqueued
   collective #N and had not completed it, the ranks whose last one is below N are missing from it:
   "rank 1 is missing from collective #11, gloo:all_reduce, default_pg";
-- **phases**: each rank's median seconds per step of each phase of the step (``goodput.phases``), in its row of
-  the steps table.
+- **phases**: each rank's median seconds per step of each phase of the step (``goodput.anatomies``), in its row
+  of the steps table, with the clock they were timed on (the GPU's, where the worker timed its steps with CUDA
+  events) and then the GPU's idle share of its step time.
 
 :func:`summary` is the machine-readable form (``torchelastic-otel report --json``).
 """
@@ -30,6 +42,7 @@ from typing import Any
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import goodput as goodput_mod
 from torchelastic_otel.report import hosts as hosts_mod
+from torchelastic_otel.report import memory as memory_mod
 from torchelastic_otel.report.model import (
     EXCEPTION_EVENT,
     TERMINATED_EVENT,
@@ -40,9 +53,27 @@ from torchelastic_otel.report.stalls import STALLED_EVENT, Stall, collectives_of
 from torchelastic_otel.report.stalls import rank_of as _rank_of
 from torchelastic_otel.report.stalls import restart_of as _restart_of
 
-__all__ = ["Training", "RankSteps", "Stall", "Missing", "analyze", "stalls", "summary", "STRAGGLER_RATIO"]
+__all__ = [
+    "Training",
+    "RankSteps",
+    "Stall",
+    "Missing",
+    "analyze",
+    "stalls",
+    "summary",
+    "STRAGGLER_RATIO",
+    "STRAGGLER_DELAY",
+    "STRAGGLER_MOST",
+    "STRAGGLER_MIN_STEPS",
+]
 
 STRAGGLER_RATIO = 1.2
+#: A straggler's median arrival is this share of the attempt's median step or more behind the median rank's ...
+STRAGGLER_DELAY = 0.10
+#: ... in more than this share of its steps ...
+STRAGGLER_MOST = 0.5
+#: ... over this many steps at least.
+STRAGGLER_MIN_STEPS = 10
 ARRIVAL = names.WORKER_STEP_ARRIVAL
 DURATION = names.WORKER_STEP_DURATION
 _SUMMARY_EVENTS = (STALLED_EVENT, TERMINATED_EVENT, EXCEPTION_EVENT)
@@ -59,12 +90,31 @@ class RankSteps:
     arrival_steps: int
     step: float | None  # mean step time, seconds
     steps: int
-    ratio: float | None = None  # arrival / the attempt's median rank's
+    ratio: float | None = None  # mean arrival / the attempt's median rank's
     phases: dict[str, float | None] = field(default_factory=dict)  # phase -> median seconds per step (goodput.PHASES)
+    clock: str = goodput_mod.CLOCK_HOST  # what the phases were timed on: "device" (the GPU's) or "host"
+    gpu_idle: float | None = None  # device clock: the GPU's idle share of its step time
+    arrival_median: float | None = None  # seconds
+    step_median: float | None = None  # seconds
+    median_ratio: float | None = None  # median arrival / the attempt's median rank's
+    delay_share: float | None = None  # (median arrival - the median rank's) / the attempt's median step
+    late_steps: float | None = None  # the steps it arrived that much later (estimated in the buckets)
+    straggler: bool = False  # the rule of the module's docstring holds
 
     @property
-    def straggler(self) -> bool:
-        return self.ratio is not None and self.ratio >= STRAGGLER_RATIO
+    def straggler_reason(self) -> str:
+        """What the verdict says of a straggler: ``rank R arrives at its steps' last collective D ms (P % of the
+        step) later than the median rank in L of N steps (its median X.XXx the median rank's; attempt A)``; ""
+        where not measured."""
+        if self.delay_share is None or self.arrival_median is None or self.step_median is None:
+            return ""
+        late = min(self.arrival_steps, round(self.late_steps or 0.0))
+        ratio = f"{self.median_ratio:.2f}x" if self.median_ratio is not None else "?"
+        return (
+            f"rank {self.rank} arrives at its steps' last collective {_ms(self.delay_share * self.step_median)} "
+            f"({round(self.delay_share * 100)} % of the step) later than the median rank in {late:,} of "
+            f"{self.arrival_steps:,} steps (its median {ratio} the median rank's; attempt {self.restart})"
+        )
 
 
 @dataclass
@@ -100,6 +150,8 @@ class Training:
     arrival_series: list[Series]
     #: ``goodput.phases(job)``, computed once: the steps' phases are each rank's, and ``goodput.assess`` uses them too
     phases: dict[tuple[int, int], dict[str, float | None]] | None = None
+    #: ``goodput.anatomies(job)``, of which ``phases`` are the medians: each rank's clock, steps and GPU idle share
+    anatomy: dict[tuple[int, int], goodput_mod.Anatomy] | None = None
 
     @property
     def stragglers(self) -> list[RankSteps]:
@@ -110,8 +162,9 @@ class Training:
 
 
 def analyze(job: Job) -> Training:
-    phases = goodput_mod.phases(job)
-    return Training(_rank_steps(job, phases), stalls(job), _missing(job), _arrival_series(job), phases)
+    anatomy = goodput_mod.anatomies(job)
+    phases = {key: found.medians for key, found in anatomy.items()}
+    return Training(_rank_steps(job, anatomy), stalls(job), _missing(job), _arrival_series(job), phases, anatomy)
 
 
 # ---- steps and stragglers -------------------------------------------------------------------------------------
@@ -132,30 +185,84 @@ def _last(points: list[Point]) -> Point:
     return max(points, key=lambda p: (p.count or 0, p.time))
 
 
-def _rank_steps(job: Job, phases: dict[tuple[int, int], dict[str, float | None]]) -> list[RankSteps]:
+def _rank_steps(job: Job, anatomy: dict[tuple[int, int], goodput_mod.Anatomy]) -> list[RankSteps]:
     arrivals = _worker_points(job, ARRIVAL)
     durations = _worker_points(job, DURATION)
+    medians = _latest_values(job, names.WORKER_STEP_ARRIVAL_MEDIAN)
     hosts = {(p.restart or 0, p.rank): p.host for p in job.point_procs() if p.kind == "worker"}
     out = []
-    for key in sorted(set(arrivals) | set(durations) | set(phases)):
+    last_arrival: dict[tuple[int, int], Point] = {}
+    for key in sorted(set(arrivals) | set(durations) | set(anatomy)):
         arrival = _last(arrivals[key]) if key in arrivals else None
         duration = _last(durations[key]) if key in durations else None
+        found = anatomy.get(key)
+        if arrival is not None:
+            last_arrival[key] = arrival
         out.append(RankSteps(
             rank=key[1], restart=key[0], host=hosts.get(key, ""),
             arrival=arrival.value if arrival is not None else None,
             arrival_steps=(arrival.count or 0) if arrival is not None else 0,
             step=duration.value if duration is not None else None,
             steps=(duration.count or 0) + 1 if duration is not None else 0,
-            phases=phases.get(key) or dict.fromkeys(goodput_mod.PHASES),
+            phases=found.medians if found is not None else dict.fromkeys(goodput_mod.PHASES),
+            clock=found.clock if found is not None else goodput_mod.CLOCK_HOST,
+            gpu_idle=found.gpu_idle if found is not None else None,
+            arrival_median=_median(medians.get(key), arrival),
+            step_median=_median(None, duration),
         ))  # fmt: skip
     for restart in {r.restart for r in out}:
-        same = [(r, r.arrival) for r in out if r.restart == restart and r.arrival is not None]
-        if len(same) < 2:
-            continue
-        median = statistics.median(seconds for _, seconds in same)
-        for r, seconds in same:
-            r.ratio = seconds / median if median > 0 else None
+        attempt = [r for r in out if r.restart == restart]
+        same = [(r, r.arrival) for r in attempt if r.arrival is not None]
+        if len(same) >= 2:
+            median = statistics.median(seconds for _, seconds in same)
+            for r, seconds in same:
+                r.ratio = seconds / median if median > 0 else None
+        _judge(attempt, last_arrival)
     return out
+
+
+def _latest_values(job: Job, name: str) -> dict[tuple[int, int], float]:
+    """The latest value (by time) of gauge ``name`` per worker process (restart, rank)."""
+    latest: dict[tuple[int, int], Point] = {}
+    for point in job.named(name):
+        proc = point.proc
+        if point.name != name or proc.kind != "worker" or proc.rank is None or point.value is None:
+            continue
+        key = (proc.restart or 0, proc.rank)
+        if key not in latest or point.time >= latest[key].time:
+            latest[key] = point
+    return {key: point.value for key, point in latest.items() if point.value is not None}
+
+
+def _median(exact: float | None, histogram: Point | None) -> float | None:
+    """The worker's own median, else its histogram's interpolated one (its mean without buckets)."""
+    if exact is not None:
+        return exact
+    return histogram.quantile(0.5) if histogram is not None else None
+
+
+def _judge(attempt: list[RankSteps], arrivals: dict[tuple[int, int], Point]) -> None:
+    """The straggler rule (the module's docstring) over the ranks of one attempt."""
+    timed = [r for r in attempt if r.arrival_median is not None]
+    if len(timed) < 2:
+        return
+    reference = statistics.median(r.arrival_median for r in timed if r.arrival_median is not None)
+    steps = [r.step_median for r in attempt if r.step_median is not None and r.step_median > 0]
+    step = statistics.median(steps) if steps else None
+    for r in timed:
+        arrival, histogram = r.arrival_median, arrivals.get((r.restart, r.rank))
+        if arrival is None:
+            continue
+        r.median_ratio = arrival / reference if reference > 0 else None
+        if step is None:
+            continue
+        r.delay_share = (arrival - reference) / step
+        r.late_steps = histogram.count_above(reference + STRAGGLER_DELAY * step) if histogram is not None else None
+        r.straggler = (
+            r.median_ratio is not None and r.median_ratio >= STRAGGLER_RATIO and r.delay_share >= STRAGGLER_DELAY
+            and r.arrival_steps >= STRAGGLER_MIN_STEPS and r.late_steps is not None
+            and r.late_steps > STRAGGLER_MOST * r.arrival_steps
+        )  # fmt: skip
 
 
 def _arrival_series(job: Job, max_points: int = 150) -> list[Series]:
@@ -241,8 +348,9 @@ def _round(value: float | None, digits: int = 4) -> float | None:
 def summary(jobs: list[Job], problems: dict[str, int] | None = None) -> dict[str, Any]:
     """What ``torchelastic-otel report --json`` prints: per run its outcome, attempts, root causes, restarts,
     stragglers, steps (with each rank's ``phases``: median seconds per step), stalls, missing ranks, ``goodput``
-    (``ratio`` and ``seconds`` by cause, the mean over ranks; ``goodput_attempts`` the same per attempt) and the
-    ``verdict`` (``goodput``)."""
+    (``ratio`` and ``seconds`` by cause, the mean over ranks; ``goodput_attempts`` the same per attempt), the
+    ``verdict`` (``goodput``) and the memory that creeps, with a CUDA device's forecast (``memory_creep``:
+    ``memory.creep_json``); a root cause's ``cuda_memory`` holds a CUDA OOM's figures (``memory.cuda_memory_json``)."""
     return {"runs": [_run_summary(job) for job in jobs], "skipped": dict(problems or {})}
 
 
@@ -260,6 +368,7 @@ def _run_summary(job: Job) -> dict[str, Any]:
                 "exit_code": cause.exit_code, "signal": cause.signal or None,
                 "exception_type": cause.exc_type or None, "exception_message": cause.exc_message or None,
                 "consequences": cause.consequences, "headline": cause.headline,
+                "cuda_memory": memory_mod.cuda_memory_json(cause.cuda_memory),
             })  # fmt: skip
     # fmt: off
     return {
@@ -290,7 +399,8 @@ def _run_summary(job: Job) -> dict[str, Any]:
         "goodput": {"ratio": gp.ratio, "seconds": _seconds(gp.seconds)},
         "goodput_attempts": [{"attempt": restart, "ratio": gp.attempt_ratio(restart), "seconds": _seconds(seconds)}
                              for restart, seconds in gp.attempts.items()],
-        "verdict": {"verdict": found.verdict.verdict, "reason": found.verdict.reason},
+        "verdict": {"verdict": found.verdict.verdict, "reason": found.verdict.reason, "steps": found.verdict.steps},
+        "memory_creep": memory_mod.creep_json(found.creep),  # the verdict's memory-creep, each with its forecast
     }
     # fmt: on
 
@@ -300,7 +410,12 @@ def _rank_json(r: RankSteps) -> dict[str, Any]:
         "rank": r.rank, "ratio": _round(r.ratio, 3), "restart": r.restart, "host": r.host,
         "arrival_seconds": _round(r.arrival), "step_seconds": _round(r.step), "steps": r.steps,
         "phases": {phase: _round(r.phases.get(phase), 6) for phase in goodput_mod.PHASES},
+        "clock": r.clock, "gpu_idle": r.gpu_idle,  # goodput.fraction: rounded as every share
     }  # fmt: skip
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.1f} ms"
 
 
 def _seconds(by_cause: dict[str, float]) -> dict[str, float]:

@@ -47,7 +47,7 @@ from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import attributes as _attributes
 from torchelastic_otel._process.start import process_start_ns
-from torchelastic_otel._torch import final_words, root_cause
+from torchelastic_otel._torch import final_words, root_cause, tracebacks
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.events import _otel as event_adapter
 from torchelastic_otel.events.api import Event, EventSource
@@ -256,6 +256,7 @@ def _wrap_run(orig: Callable[..., Any], metric_emit: Callable[[MetricData], None
         except BaseException as exc:
             span.record_exception(exc)
             span.set_status(Status(StatusCode.ERROR, _attributes.encodable(f"{type(exc).__name__}: {exc}", "traces")))
+            tracebacks.drop_own_frame(exc)  # the console's traceback is torch's (_torch.tracebacks)
             raise
         else:
             _safe(_finish_run, span, result)
@@ -301,6 +302,7 @@ def _wrap_initialize(orig: Callable[..., Any]) -> Callable[..., Any]:
                     Status(StatusCode.ERROR, _attributes.encodable(f"{type(exc).__name__}: {exc}", "traces"))
                 )
                 _end_attempt(state)
+                tracebacks.drop_own_frame(exc)
                 raise
 
     return _initialize_workers
@@ -316,7 +318,11 @@ def _wrap_span(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         if names.RUN_ID in state.run_attributes:
             attributes[names.RUN_ID] = state.run_attributes[names.RUN_ID]
         with _tracer().start_as_current_span(name, attributes=attributes):
-            return orig(self, *args, **kwargs)
+            try:
+                return orig(self, *args, **kwargs)
+            except BaseException as exc:
+                tracebacks.drop_own_frame(exc)
+                raise
 
     return wrapper
 
@@ -330,6 +336,9 @@ def _wrap_rendezvous(orig: Callable[..., Any]) -> Callable[..., Any]:
         began = time.monotonic()
         try:
             return inner(self, *args, **kwargs)
+        except BaseException as exc:
+            tracebacks.drop_own_frame(exc)
+            raise
         finally:
             _safe_goodput(_rendezvous_done, self, time.monotonic() - began)
 
@@ -355,7 +364,11 @@ def _wrap_start(orig: Callable[..., Any]) -> Callable[..., Any]:
         ) as span:
             parent = state.attempt if state.attempt is not None else span
             with _environ_for_workers(_safe(_worker_env, parent) or {}):
-                result = orig(self, worker_group, *args, **kwargs)
+                try:
+                    result = orig(self, worker_group, *args, **kwargs)
+                except BaseException as exc:
+                    tracebacks.drop_own_frame(exc)
+                    raise
             if isinstance(result, dict):
                 span.set_attribute(names.WORKER_PIDS, [int(p) for p in result.values() if _is_int(p)])
             return result
@@ -428,7 +441,11 @@ def _is_int(value: Any) -> bool:
 def _wrap_monitor(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def _monitor_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
-        result = orig(self, worker_group, *args, **kwargs)
+        try:
+            result = orig(self, worker_group, *args, **kwargs)
+        except BaseException as exc:
+            tracebacks.drop_own_frame(exc)
+            raise
         _safe(_observe_monitor, self, worker_group, result)
         if str(getattr(result.state, "name", result.state)) in ("FAILED", "SUCCEEDED"):
             _safe(_deliver_final_words)
@@ -574,7 +591,11 @@ def _wrap_restart(orig: Callable[..., Any], metric_emit: Callable[[MetricData], 
                 },
             )
             _safe(metric_emit, MetricData(time.time(), "torchelastic", f"workers.{role}.restarts", 1))
-            return orig(self, worker_group, *args, **kwargs)
+            try:
+                return orig(self, worker_group, *args, **kwargs)
+            except BaseException as exc:
+                tracebacks.drop_own_frame(exc)
+                raise
 
     return _restart_workers
 
@@ -586,6 +607,9 @@ def _wrap_stop(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _stop_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return inner(self, *args, **kwargs)
+        except BaseException as exc:
+            tracebacks.drop_own_frame(exc)
+            raise
         finally:
             _safe(_deliver_final_words)
             _end_attempt(_state(self))
@@ -600,6 +624,9 @@ def _wrap_shutdown(orig: Callable[..., Any]) -> Callable[..., Any]:
     def _shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return inner(self, *args, **kwargs)
+        except BaseException as exc:
+            tracebacks.drop_own_frame(exc)
+            raise
         finally:
             _safe(_deliver_final_words)
 

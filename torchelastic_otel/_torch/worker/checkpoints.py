@@ -56,7 +56,9 @@ from torchelastic_otel import _compat
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._torch import tracebacks
 from torchelastic_otel._torch.patches import Patches
+from torchelastic_otel._torch.worker import anatomy
 
 __all__ = ["install", "SAVE", "LOAD", "DCP", "DCP_SAVER", "DCP_LOADER"]
 
@@ -320,12 +322,17 @@ def _wrap(
     is_async: bool = False,
     files_only: bool = False,
 ) -> Callable[..., Any]:
-    """``original`` with a span around its outermost calls (see the module's docstring)."""
+    """``original`` with a span around its outermost calls (see the module's docstring); what it raises is raised
+    without the wrapper's frame (``tracebacks``)."""
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if getattr(_local, "depth", 0) or _straight_through(is_compiling, files_only, target, args, kwargs):
-            return original(*args, **kwargs)
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                tracebacks.drop_own_frame(exc)
+                raise
         call = _begin(kind, api, is_async, target, args, kwargs)
         _local.depth = 1
         try:
@@ -333,6 +340,7 @@ def _wrap(
         except BaseException as exc:
             _local.depth = 0
             _end(kind, call, exc, None)
+            tracebacks.drop_own_frame(exc)
             raise
         _local.depth = 0
         _end(kind, call, None, result)
@@ -376,13 +384,13 @@ def _begin(kind: str, api: str, is_async: bool, target: Callable[[tuple, dict], 
         call.position = _position(call.target) if api == "torch.save" else None
     except Exception as exc:
         _dropped(exc)
-    _tell_anatomy("checkpoint_enter", kind)
+    _tell_anatomy(anatomy.checkpoint_enter, kind)
     return call
 
 
 def _end(kind: str, call: _Call | None, error: BaseException | None, result: Any) -> None:
     end_ns = time.time_ns()
-    _tell_anatomy("checkpoint_exit", kind)
+    _tell_anatomy(anatomy.checkpoint_exit, kind)
     if call is None:
         return
     try:
@@ -390,7 +398,7 @@ def _end(kind: str, call: _Call | None, error: BaseException | None, result: Any
         if error is None and not call.is_async:
             call.bytes = _bytes(call)  # now: a later save may replace the file, a rotation delete it
             if call.kind == SAVE:
-                _tell_anatomy("checkpoint_committed")
+                _tell_anatomy(anatomy.checkpoint_committed)
         elif error is None:
             _when_done(call, result)
         _buffer.put(call)
@@ -418,7 +426,7 @@ def _when_done(call: _Call, result: Any) -> None:
         try:
             if completed.cancelled() or completed.exception() is not None:
                 return
-            _tell_anatomy("checkpoint_committed")
+            _tell_anatomy(anatomy.checkpoint_committed)
             _buffer.put(_Committed(call.start_ns))
         except Exception as exc:
             _dropped(exc)
@@ -569,12 +577,11 @@ def instruments() -> _Instruments:
 # ---- never raising -------------------------------------------------------------------------------------------------
 
 
-def _tell_anatomy(function: str, *args: Any) -> None:
-    """``anatomy.<function>(*args)`` (the anatomy of a step and goodput: where this rank's time goes)."""
+def _tell_anatomy(function: Callable[..., None], *args: Any) -> None:
+    """``function(*args)``, one of ``anatomy``'s checkpoint marks (the anatomy of a step and goodput: where this
+    rank's time goes); never raises."""
     try:
-        from torchelastic_otel._torch.worker import anatomy
-
-        getattr(anatomy, function)(*args)
+        function(*args)
     except Exception as exc:
         _dropped(exc)
 

@@ -13,6 +13,9 @@ bridge reads it from its own thread (``_compat.flight_recorder``), never from th
   GIL held (``bench/bench_steps.py``), so by default the reads are 10 s apart at least, and further apart when a
   dump takes longer than 10 ms: at most 0.1 % of the training thread's time.
 
+On a CUDA job whose steps are measured on the GPU's clock (``anatomy``, ``device_clock``), the arrivals are those
+of the sampled steps, on the GPU's clock: the host enqueues its collectives ahead of the GPU.
+
 Why arrival, not step time: under synchronous collectives every rank's step takes the same time, the fast ranks
 waiting inside a collective for the slow one. When a rank *arrives* differs: a rank slow in its data loading,
 forward or backward reaches the step's last collective (DDP's last gradient bucket) later by exactly its delay.
@@ -29,8 +32,10 @@ by its name where it has none (``undefined``).
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import logging
+import statistics
 import sys
 import threading
 import time
@@ -56,6 +61,8 @@ def _interval() -> float | None:
 CONFIGURED_INTERVAL = _interval()
 #: By default: at least every 10 s, and no more often than keeps the reads (they hold the GIL) at 0.1 % of the time.
 INTERVAL, READ_SHARE = 10.0, 0.001
+#: The recent arrivals the median gauge is taken over.
+MEDIAN_OF = 1001
 _UNNAMED = ("", "undefined")
 
 
@@ -211,11 +218,13 @@ def summary_attributes() -> dict[str, Any]:
 
 
 class _Arrivals:
-    """Which steps' arrivals were recorded already."""
+    """Which steps' arrivals were recorded already, and the recent ones (their median)."""
 
     def __init__(self) -> None:
         self.done_until_ns = 0  # the end of the last step whose arrival was looked for
         self.next_read = time.monotonic() + (CONFIGURED_INTERVAL or INTERVAL)
+        self.recent: collections.deque[float] = collections.deque(maxlen=MEDIAN_OF)
+        self.kept: list[dict[str, Any]] = []  # the entries read before the group was destroyed (for the exit)
 
     def due(self) -> bool:
         return time.monotonic() >= self.next_read
@@ -225,17 +234,21 @@ class _Arrivals:
         interval = CONFIGURED_INTERVAL or max(INTERVAL, seconds / READ_SHARE)
         self.next_read = time.monotonic() + interval
 
-    def record(self, entries: list[dict[str, Any]]) -> int:
-        """Record the arrival of each step ended since the last time; how many were recorded."""
+    def on_host(self, created: list[int]) -> list[float]:
+        """The arrival of each step ended since the last time, on the host's clock (``created``: sorted)."""
         marks = steps.recent_marks()
-        created = sorted(t for t in (_as_int(e.get("time_created_ns")) for e in entries) if t > 0)
         arrivals = arrivals_of(marks, created, self.done_until_ns)
         if marks:
             self.done_until_ns = max(self.done_until_ns, marks[-1])
+        return arrivals
+
+    def record(self, arrivals: list[float]) -> int:
         if arrivals:
             meters = steps.instruments()
             for arrival in arrivals:
                 meters.arrival.record(arrival)
+            self.recent.extend(arrivals)
+            meters.arrival_median.set(statistics.median(self.recent))
         return len(arrivals)
 
 
@@ -255,11 +268,50 @@ def arrivals_of(marks: list[int], created: list[int], after_ns: int = 0) -> list
 _arrivals = _Arrivals()
 
 
-def _resolve_phases(entries: list[dict[str, Any]]) -> None:
-    """The waiting steps' phases, with each step's wait for its last collective carved out (``anatomy``)."""
-    created = sorted(t for t in (_as_int(e.get("time_created_ns")) for e in entries) if t > 0)
+def collectives_of(entries: list[dict[str, Any]]) -> list[anatomy.Collective]:
+    """Each entry's creation (host ns) and, where NCCL timed it (``TORCH_NCCL_ENABLE_TIMING``), its GPU seconds;
+    oldest first. An unusable duration is left out, counted."""
+    out: list[anatomy.Collective] = []
+    for entry in entries:
+        created = _as_int(entry.get("time_created_ns"))
+        if created <= 0:
+            continue
+        duration = entry.get("duration_ms")
+        seconds: float | None = None
+        if duration is not None:
+            if isinstance(duration, (int, float)) and not isinstance(duration, bool) and 0 <= duration < 1e9:
+                seconds = float(duration) / 1e3
+            else:
+                selftelemetry.count(selftelemetry.SANITIZED, "metrics", "collective_duration_invalid")
+        out.append((created, seconds))
+    out.sort(key=lambda c: c[0])
+    return out
+
+
+def _arrive(entries: list[dict[str, Any]]) -> None:
+    """The steps' phases (with their wait for the last collective carved out: ``anatomy``) and their arrivals: on
+    the GPU's clock where the job is on it, else on the host's."""
+    found = collectives_of(entries)
     with steps.lock():
-        anatomy.resolve(created or None)
+        on_device = anatomy.resolve(found or None)
+    if on_device is not None:
+        _arrivals.record(on_device)
+        marks = steps.recent_marks()
+        if marks:
+            _arrivals.done_until_ns = max(_arrivals.done_until_ns, marks[-1])
+    elif found:
+        _arrivals.record(_arrivals.on_host([c[0] for c in found]))
+
+
+def keep_before_destroy() -> None:
+    """The default process group is about to be destroyed before the pipeline is ready (a short job's build is
+    still under way): its entries, read now, are what :func:`read_at_exit` reads (the group is gone by then).
+    Never raises."""
+    try:
+        if enabled():
+            _arrivals.kept = read_entries()[1]
+    except Exception:
+        selftelemetry.count(selftelemetry.DROPPED, "metrics", "read_at_exit_error")
 
 
 def read_at_exit() -> None:
@@ -270,9 +322,9 @@ def read_at_exit() -> None:
         entries: list[dict[str, Any]] = []
         if enabled():
             entries = read_entries()[1]
-            if entries:
-                _arrivals.record(entries)
-        _resolve_phases(entries)
+        elif _arrivals.kept:
+            entries, _arrivals.kept = _arrivals.kept, []
+        _arrive(entries)
     except Exception:
         selftelemetry.count(selftelemetry.DROPPED, "metrics", "read_at_exit_error")
 
@@ -287,8 +339,7 @@ def tick() -> list[Group]:
         _arrivals.read_took(time.monotonic() - started)
         if entries:
             steps.drain()
-            _arrivals.record(entries)
-        _resolve_phases(entries)
+        _arrive(entries)
     else:
         groups = status()
     if groups:

@@ -13,7 +13,8 @@ carries the run, role and ranks (``torchelastic_otel.resource``). Here:
   loads torch's C++ libraries, when no Python can run, the stacks are written from C and the agent sends the record
   (``_stop_in_c_while_torch_loads``);
 - an uncaught exception is exported as a ``torchelastic.worker.exception`` event (ERROR, with the traceback) and
-  flushed at once: after gloo use the interpreter may abort at exit before ``atexit`` would run;
+  flushed at once: after gloo use the interpreter may abort at exit before ``atexit`` would run; a CUDA
+  out-of-memory error's carries the allocator's figures for its device (``memory.oom_figures``);
 - Python ``logging`` records become log records (``worker_logging``). The worker's stdout and stderr are captured
   earlier, at interpreter start-up (``output``, from the bootstrap ``sitecustomize``): not here, because
   ``install()`` may run in a process that is no torchrun worker process of its own (tests, a launcher).
@@ -41,6 +42,7 @@ from torchelastic_otel._process.start import process_start_ns as _process_start_
 from torchelastic_otel._torch import final_words, imports, root_cause
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker import log_records as worker_logging
+from torchelastic_otel._torch.worker import memory as worker_memory
 from torchelastic_otel._torch.worker import training
 from torchelastic_otel._torch.worker_env import agent_context, is_torchrun_worker, worker_metadata
 from torchelastic_otel.events import _otel as event_adapter
@@ -300,10 +302,12 @@ def _install_excepthook(patches: Patches) -> None:
     def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         try:
             if not issubclass(exc_type, KeyboardInterrupt):
-                root_cause.write_failure(exc_type, exc, tb)  # first: the agent ranks the failures by it
+                cuda_memory = worker_memory.oom_figures(exc)  # a CUDA OOM's allocator figures, else None
+                root_cause.write_failure(exc_type, exc, tb, cuda_memory)  # first: the agent ranks the failures by it
                 text = "".join(traceback.format_exception(exc_type, exc, tb))
                 metadata = {**_final_metadata(), "state": "FAILED", "raw_error": text}
-                _final_words(Event(names.WORKER_EXCEPTION, EventSource.WORKER, metadata=metadata))
+                oom = worker_memory.oom_attributes(cuda_memory)
+                _final_words(Event(names.WORKER_EXCEPTION, EventSource.WORKER, metadata=metadata), oom or None)
                 confirm = _confirm()
                 confirm(runtime.final_flush(FLUSH_TIMEOUT_MILLIS))
         except Exception:

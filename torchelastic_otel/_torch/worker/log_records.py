@@ -42,6 +42,7 @@ from opentelemetry import context, trace
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import _settings, pipeline
 from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._torch import tracebacks
 from torchelastic_otel._torch.output import capture as output
 
 __all__ = ["install", "ENABLE_ENV"]
@@ -73,9 +74,13 @@ def install(patches: Any, default_context: Callable[[], Any]) -> None:
         wanted = buffer.before(self, record)
         try:
             original(self, record)
-        finally:
+        except BaseException as exc:  # a handler's filter raised, or an interrupt: without this frame (tracebacks)
             if wanted:
                 buffer.capture(record)
+            tracebacks.drop_own_frame(exc)
+            raise
+        if wanted:
+            buffer.capture(record)
 
     callHandlers.__torchelastic_otel__ = True  # type: ignore[attr-defined]
     callHandlers.__wrapped__ = original  # type: ignore[attr-defined]

@@ -13,7 +13,29 @@ flush), never on the training path:
   job itself has imported ``torch.cuda`` and initialised CUDA (``sys.modules`` and ``torch.cuda.is_initialized()``:
   the bridge never imports torch nor initialises CUDA), for each device whose allocator has reserved memory at some
   point of the process (a device the process never touched gets no series, and no context: the allocator's
-  statistics are host-side counters).
+  statistics are host-side counters);
+- ``torchelastic.worker.cuda.memory.total`` (By), gauge with ``device``: the device's memory
+  (``torch.cuda.get_device_properties(device).total_memory``, read once per device);
+- ``torchelastic.worker.cuda.memory.full_in`` (s), gauge with ``device``: the OOM forecast, the seconds until the
+  device's allocated memory reaches its total at the rate it grows now. Each collection reads ``memory_allocated``
+  and keeps the reading (the last ``FORECAST_WINDOW_S`` seconds, at most ``FORECAST_READINGS`` of them); a
+  least-squares line through them gives the rate. There is an observation only while the memory grows steadily,
+  by the rule the report's creep uses (``report.memory``) on this shorter window: at least
+  ``FORECAST_MIN_READINGS`` readings, a rise of ``FORECAST_MIN_GROWTH_BYTES`` or more over them, a straight line
+  (R² at least ``FORECAST_MIN_R2``: a loop's allocated memory sampled at any point of its step swings by its
+  activations, which a flat series leaves unexplained) that still rises in the window's second half (at least
+  ``FORECAST_MIN_LATE_SHARE`` of the rate: a warm-up that stopped is no forecast); no share of the start is asked
+  for, how far from full the device is being what the forecast says. Ten minutes: at the SDK's
+  default export interval (60 s) the fifth reading comes in the fifth minute, and a rate that changed (a leak that
+  begins at an epoch) is followed within minutes;
+  the forecast runs from the line at the latest reading: ``(total - line) / rate``, 0 once the line reached it.
+  The total includes what the allocator can never have (the CUDA context, other processes on the device), so the
+  OOM comes a little before the forecast says.
+
+When the exception that ends a worker is a CUDA out-of-memory error (``torch.cuda.OutOfMemoryError``, the class
+taken from the already imported ``torch.cuda``), ``oom_figures`` reads the allocator's figures for its device
+(allocated, reserved, peak, total) for the worker's failure file and exception record (``hooks``): only when CUDA
+is initialised, each call guarded, nothing made that was not there.
 
 A callback never raises: what it cannot read is counted (``torchelastic_otel.dropped``, signal ``metrics``).
 The instruments are created on the current pipeline's meter provider once it is ready and again after every
@@ -22,11 +44,14 @@ rebuild (a forked child's own pipeline, a ``setup()``), as ``steps`` does: keyed
 
 from __future__ import annotations
 
+import collections
 import os
+import re
 import sys
 import threading
+import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from torchelastic_otel import _names as names
@@ -35,10 +60,10 @@ from torchelastic_otel import pipeline
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel.version import __version__
 
-__all__ = ["install", "installed", "rss_bytes"]
+__all__ = ["forecast", "install", "installed", "oom_attributes", "oom_figures", "rss_bytes"]
 
 STATM = "/proc/self/statm"
-DEVICE = "device"
+DEVICE = names.DEVICE
 _CUDA_MODULE = "torch.cuda"
 #: (instrument name, torch.cuda function, description) of the CUDA gauges.
 _CUDA_GAUGES = (
@@ -50,6 +75,21 @@ _CUDA_GAUGES = (
      "Peak memory occupied by tensors on this CUDA device since the start or the last reset "
      "(torch.cuda.max_memory_allocated)"),
 )  # fmt: skip
+#: The OOM forecast's window and rule (see the module's docstring).
+FORECAST_WINDOW_S = 600.0
+FORECAST_READINGS = 120
+FORECAST_MIN_READINGS = 5
+FORECAST_MIN_GROWTH_BYTES = 64 << 20
+FORECAST_MIN_R2 = 0.8
+FORECAST_MIN_LATE_SHARE = 0.5
+#: The figures of an out-of-memory error, as the failure file holds them, and their attributes on the exception
+#: record.
+OOM_ATTRIBUTES = {
+    "device": names.CUDA_MEMORY_DEVICE, "allocated": names.CUDA_MEMORY_ALLOCATED,
+    "reserved": names.CUDA_MEMORY_RESERVED, "peak": names.CUDA_MEMORY_PEAK, "total": names.CUDA_MEMORY_TOTAL,
+}  # fmt: skip
+_clock = time.monotonic  # the readings' clock (a test scripts it)
+_OOM_DEVICE = re.compile(r"\bGPU (\d+)\b")  # torch's message: "... GPU 0 has a total capacity of ..."
 
 try:
     _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -80,6 +120,9 @@ class _State:
         self.providers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.provider_ids: set[int] = set()  # providers that cannot be weakly referenced
         self.devices: set[int] = set()
+        self.totals: dict[int, int] = {}  # each device's total memory, read once
+        self.readings_lock = threading.Lock()  # collections of two readers may run at once
+        self.readings: dict[int, collections.deque[tuple[float, float]]] = {}  # (monotonic s, allocated bytes)
 
 
 _state = _State()
@@ -87,6 +130,8 @@ _state = _State()
 
 def _after_fork_in_child() -> None:
     _state.lock = threading.Lock()  # another thread may have held it at the fork
+    _state.readings_lock = threading.Lock()
+    _state.readings = {}  # the parent's: not this process's allocator
 
 
 if hasattr(os, "register_at_fork"):
@@ -141,6 +186,160 @@ def _observe_cuda(function: str) -> Callable[[Any], Iterable[Any]]:
     return callback
 
 
+def _total(cuda: Any, device: int) -> int | None:
+    """The device's total memory, read once (``get_device_properties`` asks the driver); ``None`` if unreadable."""
+    total = _state.totals.get(device)
+    if total is None:
+        try:
+            total = int(cuda.get_device_properties(device).total_memory)
+        except Exception:
+            selftelemetry.count(selftelemetry.DROPPED, "metrics", "cuda_memory_error")
+            return None
+        if total <= 0:
+            return None
+        _state.totals[device] = total
+    return total
+
+
+def _observe_total(options: Any) -> Iterable[Any]:
+    if not _state.active:
+        return []
+    try:
+        from opentelemetry.metrics import Observation
+
+        cuda = sys.modules.get(_CUDA_MODULE)
+        if cuda is None or not cuda.is_initialized():
+            return []
+        out = []
+        for device in _devices(cuda):
+            total = _total(cuda, device)
+            if total is not None:
+                out.append(Observation(total, {DEVICE: device}))
+        return out
+    except Exception:
+        selftelemetry.count(selftelemetry.DROPPED, "metrics", "cuda_memory_error")
+        return []
+
+
+def _observe_full_in(options: Any) -> Iterable[Any]:
+    """Keep this collection's reading of each device's allocated memory; the forecast where it grows steadily."""
+    if not _state.active:
+        return []
+    try:
+        from opentelemetry.metrics import Observation
+
+        cuda = sys.modules.get(_CUDA_MODULE)
+        if cuda is None or not cuda.is_initialized():
+            return []
+        out = []
+        for device in _devices(cuda):
+            readings = _keep(device, _clock(), float(cuda.memory_allocated(device)))
+            total = _total(cuda, device)
+            seconds = forecast(readings, total) if total is not None else None
+            if seconds is not None:
+                out.append(Observation(seconds, {DEVICE: device}))
+        return out
+    except Exception:
+        selftelemetry.count(selftelemetry.DROPPED, "metrics", "cuda_memory_error")
+        return []
+
+
+def _keep(device: int, now: float, allocated: float) -> list[tuple[float, float]]:
+    """Add a reading to the device's window (the last ``FORECAST_WINDOW_S`` s, ``FORECAST_READINGS`` at most)."""
+    with _state.readings_lock:
+        window = _state.readings.get(device)
+        if window is None:
+            window = _state.readings[device] = collections.deque(maxlen=FORECAST_READINGS)
+        window.append((now, allocated))
+        while window and window[0][0] < now - FORECAST_WINDOW_S:
+            window.popleft()
+        return list(window)
+
+
+def _line(readings: Sequence[tuple[float, float]]) -> tuple[float, float, float]:
+    """The least-squares line through ``(s, bytes)``: (slope in bytes/s, value at the first time, R²)."""
+    t0 = readings[0][0]
+    xs = [t - t0 for t, _ in readings]
+    ys = [v for _, v in readings]
+    n = len(readings)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    if sxx <= 0 or syy <= 0:
+        return 0.0, my, 0.0
+    slope = sxy / sxx
+    return slope, my - slope * mx, (sxy * sxy) / (sxx * syy)
+
+
+def forecast(readings: Sequence[tuple[float, float]], total: float) -> float | None:
+    """Seconds until allocated memory reaches ``total`` at the rate fitted over ``readings`` (``(s, bytes)``, in
+    time order), from the latest; ``None`` unless it grows steadily (the module's docstring)."""
+    if len(readings) < FORECAST_MIN_READINGS or not total > 0:
+        return None
+    slope, first, r2 = _line(readings)
+    span = readings[-1][0] - readings[0][0]
+    if slope <= 0 or slope * span < FORECAST_MIN_GROWTH_BYTES or r2 < FORECAST_MIN_R2:
+        return None
+    middle = readings[0][0] + span / 2
+    late = [r for r in readings if r[0] >= middle]
+    if len(late) < 2 or _line(late)[0] < FORECAST_MIN_LATE_SHARE * slope:
+        return None  # it grew, and then stopped
+    return max(0.0, (total - (first + slope * span)) / slope)
+
+
+def oom_figures(exc: BaseException) -> dict[str, int] | None:
+    """The allocator's figures for the device of ``exc`` if it is a CUDA out-of-memory error: ``{"device",
+    "allocated", "reserved", "peak", "total"}`` (bytes; those that could be read), else ``None``. Never imports
+    torch, never initialises CUDA, never raises: called by a dying worker's excepthook."""
+    try:
+        cuda: Any = sys.modules.get(_CUDA_MODULE)
+        oom = getattr(cuda, "OutOfMemoryError", None) if cuda is not None else None
+        if not isinstance(oom, type) or not isinstance(exc, oom) or not cuda.is_initialized():
+            return None
+        device = _oom_device(cuda, exc)
+    except Exception:
+        return None
+    if device is None:
+        return None
+    figures = {"device": device}
+    reads: tuple[tuple[str, Callable[[], Any]], ...] = (
+        ("allocated", lambda: cuda.memory_allocated(device)),
+        ("reserved", lambda: cuda.memory_reserved(device)),
+        ("peak", lambda: cuda.max_memory_allocated(device)),
+        ("total", lambda: _total(cuda, device)),
+    )
+    for key, read in reads:
+        try:
+            value = read()
+            if value is not None and int(value) >= 0:
+                figures[key] = int(value)
+        except Exception:
+            pass
+    return figures
+
+
+def _oom_device(cuda: Any, exc: BaseException) -> int | None:
+    """The device the allocation failed on: the one the message names ("GPU 1 has a total capacity of ..."),
+    else the current device."""
+    try:
+        match = _OOM_DEVICE.search(str(exc))
+        count = int(cuda.device_count())
+        if match is not None and int(match.group(1)) < count:
+            return int(match.group(1))
+    except Exception:
+        pass
+    try:
+        return int(cuda.current_device())
+    except Exception:
+        return None
+
+
+def oom_attributes(figures: dict[str, int] | None) -> dict[str, int]:
+    """``oom_figures``' figures as the exception record's attributes (``torchelastic.cuda_memory.*``)."""
+    return {OOM_ATTRIBUTES[key]: value for key, value in (figures or {}).items() if key in OOM_ATTRIBUTES}
+
+
 def _known(provider: Any) -> bool:
     try:
         return provider in _state.providers
@@ -179,6 +378,15 @@ def _ensure(*_: Any) -> None:
             for name, function, description in _CUDA_GAUGES:
                 meter.create_observable_gauge(name, callbacks=[_observe_cuda(function)], unit="By",
                                               description=description)  # fmt: skip
+            meter.create_observable_gauge(
+                names.WORKER_CUDA_MEMORY_TOTAL, callbacks=[_observe_total], unit="By",
+                description="The memory of this CUDA device (torch.cuda.get_device_properties(device).total_memory)",
+            )  # fmt: skip
+            meter.create_observable_gauge(
+                names.WORKER_CUDA_MEMORY_FULL_IN, callbacks=[_observe_full_in], unit="s",
+                description="Seconds until the memory allocated on this CUDA device reaches its total at its current "
+                "rate of growth (only while it grows steadily)",
+            )  # fmt: skip
         except Exception:
             selftelemetry.count(selftelemetry.DROPPED, "metrics", "memory_instruments_error")
         _remember(provider)

@@ -1,11 +1,11 @@
 """Step time per rank: each optimizer step of a worker, or each ``torchelastic_otel.step()``, marks a training step.
 
 On the training path (torch's optimizer calls its global post hooks after every ``step()``) a mark is one append of
-``(time.time_ns(), id(optimizer))`` to a bounded deque: well under the 2 µs a step the bridge may cost
-(``bench/bench_steps.py``). A full deque turns marks away and counts them (``buffer_full``), as the bridge's metric
-buffers do. The drainer thread (``_export.drainer``, every 0.5 s, and before every metric collection) turns the marks
-into step durations: histogram ``torchelastic.worker.step.duration`` (s) and counter ``torchelastic.worker.steps``. They
-carry no rank attribute: the worker's resource says which rank it is.
+``(time.time_ns(), id(optimizer), event)`` to the worker's step timeline (``timeline``: a bounded deque; a full one
+turns marks away and counts them, ``buffer_full``). The drainer thread (``_export.drainer``, every 0.5 s, and before
+every metric collection) turns the marks into step durations: histogram ``torchelastic.worker.step.duration`` (s) and
+counter ``torchelastic.worker.steps``, and gives them to the anatomy of each step (``anatomy``). They carry no rank
+attribute: the worker's resource says which rank it is.
 
 Which steps count, when a process has several optimizers (a GAN's two, one per parameter group): the *step clock* is
 the first optimizer that steps; another one takes its place when it steps twice while the clock does not (the first
@@ -19,31 +19,36 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import statistics
 import threading
-import time
 from typing import Any
 
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import pipeline
-from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel._torch.worker import anatomy
+from torchelastic_otel._torch.worker.timeline import EXPLICIT, MAX_PENDING, timeline
 from torchelastic_otel.metrics.rules import DURATION_BUCKETS_S
 from torchelastic_otel.version import __version__
 
-__all__ = ["step", "optimizer_hook", "progress", "recent_marks", "median_step_seconds", "instruments"]
+__all__ = [
+    "step",
+    "optimizer_hook",
+    "progress",
+    "recent_marks",
+    "median_step_seconds",
+    "instruments",
+    "MAX_PENDING",
+    "EXPLICIT",
+]
 
 _logger = logging.getLogger("torchelastic_otel")
 
-#: Marks buffered between two drains before new ones are turned away (and counted).
-MAX_PENDING = 65536
 #: Step ends kept for the Flight Recorder reader (a few minutes of fast steps).
 MAX_MARKS = 4096
 #: Step durations the median (stall threshold) is taken over.
 MEDIAN_OF = 101
-#: The "optimizer" of an explicit ``step()`` call.
-EXPLICIT = 0
 
 
 class _Clock:
@@ -105,6 +110,8 @@ class _Instruments:
         self.goodput: Any = None
         self.at_risk: Any = None
         self.phase_median: Any = None
+        self.gpu_idle: Any = None
+        self.arrival_median: Any = None
 
     def get(self) -> _Instruments:
         generation = pipeline._generation[0]
@@ -144,6 +151,15 @@ class _Instruments:
                 description="Median seconds of each phase of this rank's last steps (up to 1,001; attribute phase): "
                 "exact where the duration histogram's buckets only bound it",
             )  # fmt: skip
+            self.gpu_idle = meter.create_histogram(
+                names.WORKER_STEP_GPU_IDLE, unit="s", explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+                description="Seconds the GPU waited for the host in each training step of this rank measured on the "
+                "GPU's clock (CUDA events): a loader, a sync, the loop's Python",
+            )  # fmt: skip
+            self.arrival_median = meter.create_gauge(
+                names.WORKER_STEP_ARRIVAL_MEDIAN, unit="s",
+                description="Median arrival of this rank's last steps (up to 1,001) at their last collective",
+            )  # fmt: skip
             # A synchronous gauge, set at each drain: an observable one registered here -- under the step buffer's
             # lock, which a metric collection's drain waits for -- deadlocks with a collection that holds the SDK's
             # consumer lock (seen: a worker hung in destroy_process_group).
@@ -167,83 +183,76 @@ def instruments() -> _Instruments:
     return _instruments.get()
 
 
-class _StepBuffer(_drainer.Buffer):
-    """Step marks on their way to the instruments (see the module's docstring)."""
-
-    signal = "metrics"
+class _Steps:
+    """The step clock and the instruments' feed: consumes the timeline's marks (the drainer's thread, under the
+    timeline's lock)."""
 
     def __init__(self) -> None:
-        super().__init__(MAX_PENDING)
         self.clock = _Clock()
-        _drainer.register(self)
 
-    def drain(self, deadline: float | None = None) -> int:
-        """Turn the buffered marks into steps and record them (one counter call, one histogram call a step)."""
-        with self._lock:
-            self._count_overflow()
-            pending = self._pending
-            if not pending:
-                return 0
-            durations: list[float] = []
-            steps = 0
-            clock = self.clock
-            book = anatomy.active()
-            events = False
-            while pending:
-                try:
-                    time_ns, who = pending.popleft()
-                except IndexError:
-                    break
-                events = True
-                if who < 0:
-                    if book is not None:
-                        book.event(time_ns, who)
-                    continue
-                if who != EXPLICIT and book is not None:
-                    book.optimizer_exit(time_ns)
-                if not clock.is_step(who):
-                    continue
-                steps += 1
-                duration = clock.mark(time_ns)
+    def consume(self, marks: list[tuple[int, int, Any]]) -> None:
+        """Turn drained marks into steps and record them (one counter call, one histogram call a step)."""
+        durations: list[float] = []
+        count = 0
+        clock = self.clock
+        book = anatomy.active()
+        release = timeline.device.release
+        for time_ns, who, event in marks:
+            if who < 0:
                 if book is not None:
-                    book.step(time_ns)
-                if duration is not None:
-                    durations.append(duration)
-            if steps:
-                self._record(steps, durations)
-            if events and book is not None:
-                anatomy.after_drain()
-            return steps
+                    book.event(time_ns, who, event)
+                elif event is not None:
+                    release(event)
+                continue
+            if book is not None:
+                if who != EXPLICIT:
+                    book.optimizer_exit(time_ns, event)
+            if not clock.is_step(who):
+                if book is None and event is not None:
+                    release(event)
+                continue
+            count += 1
+            duration = clock.mark(time_ns)
+            if book is not None:
+                book.step(time_ns, event)
+            elif event is not None:
+                release(event)
+            if duration is not None:
+                durations.append(duration)
+        if count:
+            self._record(count, durations)
+        if book is not None and (marks or book.on_device):
+            anatomy.after_drain()
 
     @staticmethod
-    def _record(steps: int, durations: list[float]) -> None:
+    def _record(count: int, durations: list[float]) -> None:
         try:
             meters = instruments()
-            meters.steps.add(steps)
+            meters.steps.add(count)
+            record = meters.duration.record
             for duration in durations:
-                meters.duration.record(duration)
+                record(duration)
         except Exception as exc:
             selftelemetry.count(selftelemetry.DROPPED, "metrics", "record_error")
             _logger.debug("torchelastic_otel: step metrics dropped: %s", exc, exc_info=True)
 
-    def after_fork_in_child(self) -> None:
-        super().after_fork_in_child()
-        self.clock = _Clock()  # a forked child (a data loader worker) takes no steps of its parent's
+    def reset(self) -> None:
+        """A forked child (a data loader worker) takes no steps of its parent's; tests start afresh."""
+        self.clock = _Clock()
         anatomy.reset_after_fork()
 
 
-_buffer = _StepBuffer()
-_pending = _buffer._pending  # the same deque for the life of the process (a fork clears it in place)
-_time_ns = time.time_ns
-anatomy.bind(_pending, _buffer, instruments, MAX_PENDING)
+_steps = _Steps()
+timeline.consume_with(_steps.consume)
+anatomy.use_instruments(instruments)
+_step_mark = timeline.step_mark
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_steps.reset)
 
 
 def optimizer_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     """torch's global optimizer step post hook: mark a step (the hot path: one append)."""
-    if len(_pending) < MAX_PENDING:
-        _pending.append((_time_ns(), id(optimizer)))
-    else:
-        _buffer._overflow += 1
+    _step_mark(id(optimizer))
 
 
 def step() -> None:
@@ -252,44 +261,48 @@ def step() -> None:
     Once called, only these calls mark steps in this process (optimizer steps no longer do). Costs about as much as
     an optimizer's own mark (an append to a bounded buffer); never raises.
     """
-    if len(_pending) < MAX_PENDING:
-        _pending.append((_time_ns(), EXPLICIT))
-    else:
-        _buffer._overflow += 1
+    _step_mark(EXPLICIT)
+
+
+def reset() -> None:
+    """Forget every mark and step so far (tests)."""
+    with timeline.lock:
+        timeline.discard("reset")
+        _steps.reset()
 
 
 def progress() -> tuple[int, int | None]:
     """``(steps so far, when the last one ended in ns since the epoch or None)``, as of the last drain."""
-    clock = _buffer.clock
+    clock = _steps.clock
     return clock.count, clock.last_ns
 
 
 def pending_marks() -> bool:
     """Whether marks wait for the next drain (a step happened since :func:`progress` was last brought up to date)."""
-    return bool(_pending)
+    return timeline.waiting()
 
 
 def recent_marks() -> list[int]:
     """The ends of the last steps (ns since the epoch, oldest first), up to ``MAX_MARKS``."""
-    with _buffer._lock:
-        return list(_buffer.clock.marks)
+    with timeline.lock:
+        return list(_steps.clock.marks)
 
 
 def median_step_seconds() -> float | None:
     """The median duration of the last ``MEDIAN_OF`` steps; ``None`` before the second step."""
-    with _buffer._lock:
-        durations = list(_buffer.clock.durations)
+    with timeline.lock:
+        durations = list(_steps.clock.durations)
     return statistics.median(durations) if durations else None
 
 
 def lock() -> Any:
     """The lock a drain holds (the ledger of ``anatomy`` is the drain's: take it to touch the ledger elsewhere)."""
-    return _buffer._lock
+    return timeline.lock
 
 
 def drain() -> None:
     """Bring :func:`progress` up to date now (the watchdog's tick runs between two drains)."""
     try:
-        _buffer.drain()
+        timeline.drain()
     except Exception:
         selftelemetry.count(selftelemetry.DROPPED, "metrics", "drain_error")

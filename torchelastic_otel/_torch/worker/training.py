@@ -54,23 +54,24 @@ def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[st
 
         memory.install(patches)
         checkpoints.install(patches)
-    from torchelastic_otel._torch.worker import frameworks
+    from torchelastic_otel._torch.worker import devices, frameworks
 
+    devices.install(patches)  # the GPUs through NVML: not goodput, on whenever steps are
     frameworks.install(patches)
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
     hooked = _hook_optimizers(patches)
     from torchelastic_otel._export import drainer as _drainer
-    from torchelastic_otel._torch.worker import stalls
+    from torchelastic_otel._torch.worker import anatomy, collectives, stalls, timeline
 
     watchdog = stalls.Watchdog()
 
     def tick() -> None:
         hooked()
+        anatomy.poll_device()  # once the job has initialised CUDA, its steps on the GPU's clock
+        timeline.count_device_misses()
         watchdog.tick()
 
     patches.on_restore(_drainer.add_periodic(tick, TICK_SECONDS))
-    from torchelastic_otel._torch.worker import anatomy, collectives
-
     if _settings.GOODPUT.get():
         anatomy.install(patches, collectives.enabled)
     _read_at_exit(patches)
@@ -99,7 +100,7 @@ def _read_before_destroy(patches: Patches) -> None:
     """Before the default process group is destroyed (a script's last call to torch.distributed, often followed by
     ``os._exit``, which skips ``atexit``): the Flight Recorder's last entries, as at exit. A job shorter than the
     recorder's read interval (10 s) had none read before (issue 28: an 80-step job named no straggler)."""
-    from torchelastic_otel._torch import imports
+    from torchelastic_otel._torch import imports, tracebacks
 
     def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         import functools
@@ -108,7 +109,11 @@ def _read_before_destroy(patches: Patches) -> None:
         def destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
             if group is None:
                 _read_and_export()
-            return original(group, *args, **kwargs)
+            try:
+                return original(group, *args, **kwargs)
+            except BaseException as exc:
+                tracebacks.drop_own_frame(exc)
+                raise
 
         destroy_process_group.__torchelastic_otel_original__ = original  # type: ignore[attr-defined]
         return destroy_process_group
@@ -134,12 +139,14 @@ DESTROY_FLUSH_MILLIS = 300
 def _read_and_export() -> None:
     """The recorder's last entries, and everything exported (bounded): a script that ends with ``os._exit`` after
     ``destroy_process_group`` skips every exit hook, and the batch processors hold spans and records for up to 5 s
-    (its worker span, its checkpoints' spans). Only where the pipeline is READY."""
+    (its worker span, its checkpoints' spans). Where the pipeline is not READY yet (a short job's deferred build
+    still under way), the entries are kept for the exit's read: the group is gone by then."""
     from torchelastic_otel import pipeline
     from torchelastic_otel._torch.worker import collectives
 
     current = pipeline.ready()
     if current is None:
+        collectives.keep_before_destroy()
         return
     collectives.read_at_exit()
     current.flush(DESTROY_FLUSH_MILLIS)  # bounded, never raises: spans and records too (the batch's 5 s delay)

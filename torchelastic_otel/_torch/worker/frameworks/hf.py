@@ -20,6 +20,7 @@ from typing import Any
 
 from torchelastic_otel import _compat
 from torchelastic_otel import _names as names
+from torchelastic_otel._torch import tracebacks
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker.frameworks import instruments
 
@@ -87,7 +88,11 @@ def _wrap_init(original: Any, callback_class: type) -> Any:
 
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
+        try:
+            original(self, *args, **kwargs)
+        except BaseException as exc:
+            tracebacks.drop_own_frame(exc)
+            raise
         try:
             self.add_callback(callback_class())
         except Exception as exc:

@@ -31,6 +31,7 @@ from typing import Any
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._torch import tracebacks
 
 __all__ = ["record", "begin", "end", "drain", "unit_of", "metric_name", "MAX_KEYS"]
 
@@ -331,7 +332,7 @@ def phase_method(
     original: Callable[..., Any], name: str, attributes: Callable[[Any, tuple, dict], dict[str, Any]]
 ) -> Callable[..., Any]:
     """``original`` (a method) inside a phase span ``name`` with ``attributes(self, args, kwargs)``; an exception
-    ends the span with status ERROR and is raised unchanged."""
+    ends the span with status ERROR and is raised unchanged, without the wrapper's frame (``tracebacks``)."""
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -344,6 +345,7 @@ def phase_method(
             result = original(self, *args, **kwargs)
         except BaseException as exc:
             end(token, exc)
+            tracebacks.drop_own_frame(exc)
             raise
         end(token)
         return result

@@ -30,6 +30,7 @@ from typing import Any
 
 from torchelastic_otel import _compat
 from torchelastic_otel import _names as names
+from torchelastic_otel._torch import tracebacks
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker.frameworks import instruments
 
@@ -115,7 +116,11 @@ def _patch_connector(patches: Patches, package: str) -> None:
                 own.log_metrics(scalars, step)
         except Exception as exc:
             instruments._dropped(exc)
-        return original(self, metrics, step)
+        try:
+            return original(self, metrics, step)
+        except BaseException as exc:
+            tracebacks.drop_own_frame(exc)
+            raise
 
     log_metrics.__torchelastic_otel__ = True  # type: ignore[attr-defined]
     patches.set(cls, "log_metrics", log_metrics)
@@ -138,7 +143,11 @@ def _attributes(trainer: Any, args: tuple = (), kwargs: dict | None = None) -> d
 def _wrap_init(original: Any, logger_class: type, callback_class: type) -> Any:
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
+        try:
+            original(self, *args, **kwargs)
+        except BaseException as exc:
+            tracebacks.drop_own_frame(exc)
+            raise
         try:
             own = logger_class(self)
             setattr(self, LOGGER_ATTRIBUTE, own)

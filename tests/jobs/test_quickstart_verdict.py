@@ -1,0 +1,55 @@
+"""The README's quickstart job gets the same verdict run after run.
+
+``examples/train_ddp.py --steps 20`` under ``torchelastic-otel run`` (2 ranks, gloo on CPU), three times, each
+writing OTLP JSON Lines files that ``torchelastic-otel report --json`` reads in a subprocess. Its step is a few
+milliseconds, its arrivals at the step's collective under one: on 2 cores a descheduled rank makes a few steps
+arrive 10x later. The straggler rule compared the ranks' *mean* arrivals (1.5x between two ranks sufficed), so such
+outliers named a straggler in some runs and not in others; it now needs a delay of a tenth of the step in most steps
+(``tests/unit/test_report_stragglers.py`` on constructed points). Each verdict says on how many steps it rests.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import ROOT, stack
+from tests.support.jobs import report_run, unique_id
+from tests.support.procs import run_job
+
+RUNS = 3
+STEPS = 20
+
+
+def _quickstart(base: Path) -> dict[str, Any]:
+    env = stack.clean_env(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="otlp_json_file",
+                          OTEL_LOGS_EXPORTER="otlp_json_file", TORCHELASTIC_OTEL_FILE_DIR=str(base / "files"),
+                          TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # fmt: skip
+    cmd = [sys.executable, "-m", "torchelastic_otel.run", "--standalone", "--nproc-per-node", "2", "--rdzv-id",
+           unique_id("quickstart"), str(ROOT / "examples" / "train_ddp.py"), "--steps", str(STEPS)]  # fmt: skip
+    job = run_job(cmd, env, ROOT, base / "job.log")
+    assert job.proc.returncode == 0, job.output()[-3000:]
+    return report_run(base / "files")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return [_quickstart(tmp_path_factory.mktemp(f"quickstart-{i}")) for i in range(RUNS)]
+
+
+def test_the_same_verdict_every_run(runs: list[dict[str, Any]]) -> None:
+    verdicts = [run["verdict"] for run in runs]
+    assert len({v["verdict"] for v in verdicts}) == 1, verdicts
+    assert verdicts[0]["verdict"] != "straggler", verdicts  # two equal ranks: neither is one
+    assert all(run["stragglers"] == [] for run in runs), [run["steps"] for run in runs]
+
+
+def test_each_verdict_says_on_how_many_steps_it_rests(runs: list[dict[str, Any]]) -> None:
+    for run in runs:
+        verdict = run["verdict"]
+        assert verdict["steps"] == STEPS, verdict
+        assert f"over {STEPS} steps" in verdict["reason"], verdict
+        assert {s["clock"] for s in run["steps"]} == {"host"} and {s["gpu_idle"] for s in run["steps"]} == {None}
