@@ -16,7 +16,14 @@ re-identified so that they read as one run of ``nodes`` agents:
   without a ``--fail`` gets one (node ``k * 7919 % nodes``, local rank ``k % ranks``). Only the failing node's
   agent carries the root cause; the other agents record their workers as stopped;
 - timestamps: attempt k starts where attempt k-1's clone ended; each node is shifted by ``node * 20 us`` and the
-  i-th failure of an attempt by ``i * 200 ms``, so the first failure is unambiguous (the first one listed).
+  i-th failure of an attempt by ``i * 200 ms``, so the first failure is unambiguous (the first one listed);
+- ranks that die with the others (``--fail-alike N``): on N nodes (the first ones without a ``--fail``) the ranks
+  the agent would have stopped in an attempt before the last fail themselves instead (exit code 1, no SIGTERM),
+  as a large job's ranks do when a peer dies: each with the source's stopped rank's own exception (the demo's:
+  gloo's ``RuntimeError: [...pair.cc:553] Connection closed by peer [127.0.0.1]:31929. ...``), its address and port
+  made the clone's own (``[10.0.3.7]:41873``). ``--fail-unlike M``: M more nodes, spread among those, whose ranks
+  fail differently: in words (``Connection reset by peer``, a DataLoader worker killed) or in the exception's type
+  (NCCL's watchdog, ``torch.distributed.DistBackendError``), in turn. Their agents record no root cause.
 
 Supported: failures. Not supported (the demo has no such records): stragglers, stalls, missing ranks.
 
@@ -24,6 +31,8 @@ Writing streams: one output file per source file per clone, rendered from templa
 line (the variable parts -- times, ids, ranks, pids, hosts -- are slots), so 1,024 x 8 x 3 takes about a minute.
 
     python bench/scale_gen.py SRC OUT --nodes 16 --ranks 8 --attempts 3 --fail node0003:5@0 --fail node0011:2@1
+    python bench/scale_gen.py SRC OUT --nodes 512 --ranks 2 --attempts 2 --fail node0417:1@0 --fail-alike 508 \
+        --fail-unlike 3
 """
 
 from __future__ import annotations
@@ -245,6 +254,8 @@ class Plan:
     trace_id: str
     t0: int  # where target attempt 0 starts
     fail_len: int  # length of one failed attempt's segment
+    alike: frozenset[int] = frozenset()  # nodes whose stopped ranks fail alike instead (--fail-alike)
+    unlike: dict[int, int] = field(default_factory=dict)  # node -> its error in _UNLIKE (--fail-unlike)
 
     def start(self, k: int) -> int:
         return self.t0 + k * self.fail_len
@@ -264,6 +275,37 @@ class Plan:
 
 def host(node: int) -> str:
     return f"node{node:04d}"
+
+
+#: the errors of the nodes that fail differently (--fail-unlike), in turn: (exception type, message)
+_UNLIKE = (
+    ("RuntimeError", "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection reset by "
+                     "peer [{addr}]:{port}. This is typically caused by a remote worker crashing."),
+    ("torch.distributed.DistBackendError", "[Rank {rank}] NCCL watchdog thread terminated with exception: [Rank "
+     "{rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=1, "
+     "NumelOut=1, Timeout(ms)=600000) ran for {ms} milliseconds before timing out."),
+    ("RuntimeError", "DataLoader worker (pid {pid}) is killed by signal: Bus error. It is possible that dataloader's "
+                     "workers are out of shared memory. Please try to raise your shared memory limit."),
+)  # fmt: skip
+_ADDRESS = re.compile(r"\[\d{1,3}(?:\.\d{1,3}){3}\]:\d+")
+
+
+def _errored(fate: str, key: str, text: str, node: int, k: int, local: int, ranks: int) -> str:
+    """An exception attribute's text (``key``) of a rank that fails alike (its address and port its own) or
+    differently (``unlike<i>``: the i-th error of ``_UNLIKE`` in turn, its traceback's last line said so too)."""
+    n = _salt("peer", node, k, local)
+    addr, port = f"10.{n % 250}.{(n >> 8) % 250}.{(n >> 16) % 250 + 1}", 1024 + (n >> 24) % 60000
+    if fate == "alike":
+        return _ADDRESS.sub(f"[{addr}]:{port}", text)
+    kind, message = _UNLIKE[int(fate[len("unlike") :]) % len(_UNLIKE)]
+    rank, seq, ms = node * ranks + local, 1000 + 37 * k + local, 600000 + n % 997
+    message = message.format(addr=addr, port=port, rank=rank, seq=seq, ms=ms, pid=pid(k, local, 0, ranks))
+    if key == "exception.type":
+        return kind
+    if key == "exception.message":
+        return message
+    lines = text.rstrip("\n").split("\n")  # exception.stacktrace: its last line is the exception's
+    return "\n".join([*lines[:-1], f"{kind}: {message}"]) + "\n"
 
 
 def pid(k: int, local: int, j: int, ranks: int) -> int:
@@ -322,7 +364,7 @@ class _Template:
         self.agent: list[int] = [int(x, 16) for x in groups["agent"]]
         self.before: list[int] = [int(x, 16) for x in groups["before"]]
         self.consts: list[str] = groups["const"]
-        self.texts: list[str] = groups["text"]
+        self.texts: list[tuple[str, str]] = groups["text"]  # (the exception attribute's key, or ""; the text)
 
     def _slot(self, kind: str, arg: Any) -> str:
         self._slots.append((kind, arg))
@@ -355,7 +397,7 @@ class _Template:
     def _text(self, text: str) -> str:
         text = text.replace(self._src.run_id, self._plan.run_id)
         if "rank" in text or "restart" in text:
-            return self._slot("text", text)
+            return self._slot("text", ("", text))
         return text
 
     def _attr(self, kv: dict[str, Any]) -> dict[str, Any]:
@@ -367,8 +409,8 @@ class _Template:
         p = self._plan
         if kind is None:
             return {"key": key, "value": self._walk(kv["value"])}
-        if kind == "text":
-            return {"key": key, "value": {vkind: self._text(raw)}}
+        if kind == "text":  # an exception's text: a slot even without a rank in it (--fail-alike rewrites it)
+            return {"key": key, "value": {vkind: self._slot("text", (key, raw.replace(self._src.run_id, p.run_id)))}}
         if kind == "rctime":
             return {"key": key, "value": {vkind: self._slot("time", int(raw))}}
         fixed = {"world": p.nodes * p.ranks, "lworld": p.ranks, "nnodes": p.nodes}.get(kind)
@@ -411,6 +453,7 @@ class _Ctx:
     salt_agent: int
     salt_agent_before: int
     consts: dict[str, str] = field(default_factory=dict)
+    fate: str = ""  # "alike" or "unlike<i>": the rank fails with the others (--fail-alike, --fail-unlike)
 
     def __post_init__(self) -> None:
         p, node, k, local = self.plan, self.node, self.k, self.local
@@ -428,9 +471,13 @@ class _Ctx:
             "uuid": str(uuid.UUID(int=_salt("uuid", node, k if not agent else -1, local, self.j) << 64 | node)),
         }
 
-    def text(self, text: str, src_rank: int, src_restart: int) -> str:
+    def text(self, item: tuple[str, str], src_rank: int, src_restart: int) -> str:
+        key, text = item
         rank = self.node * self.plan.ranks + self.local
-        return json.dumps(_retext(text, src_rank, rank, src_restart, self.k))[1:-1]
+        text = _retext(text, src_rank, rank, src_restart, self.k)
+        if self.fate and key:
+            text = _errored(self.fate, key, text, self.node, self.k, self.local, self.plan.ranks)
+        return json.dumps(text)[1:-1]
 
 
 def _retext(text: str, src_rank: int, rank: int, src_restart: int, restart: int) -> str:
@@ -449,11 +496,19 @@ class _Agent:
         self.plan, self.src, self.node = plan, src, node
 
     def roles(self, k: int) -> dict[int, str]:
-        """local rank -> "fail" | "stop" | "ok" in attempt k."""
+        """local rank -> "fail" | "stop" | "ok" in attempt k; on a node that fails alike or differently
+        (``--fail-alike``, ``--fail-unlike``) "alike" or "unlike<i>" where the agent would have stopped it."""
         if k == self.plan.attempts - 1:
             return {lr: "ok" for lr in range(self.plan.ranks)}
         failing = set(self.plan.fails(self.node, k))
-        return {lr: "fail" if lr in failing else "stop" for lr in range(self.plan.ranks)}
+        stop = self.fate()
+        return {lr: "fail" if lr in failing else stop for lr in range(self.plan.ranks)}
+
+    def fate(self) -> str:
+        """How this node's ranks that its agent would have stopped end: "stop", "alike", "unlike<i>"."""
+        if self.node in self.plan.alike:
+            return "alike"
+        return f"unlike{self.plan.unlike[self.node]}" if self.node in self.plan.unlike else "stop"
 
     def template(self, k: int) -> int:
         return self.src.healthy if k == self.plan.attempts - 1 else self.src.failed
@@ -467,6 +522,8 @@ class _Agent:
         return _salt("agent", self.node, k)
 
     def src_local(self, role: str) -> int:
+        if role.startswith(("alike", "unlike")):  # a clone of the stopped rank, failing itself
+            return self.src.stop_rank
         return {"fail": self.src.fail_rank, "stop": self.src.stop_rank}.get(role, 0)
 
     # -- ids and times
@@ -664,6 +721,8 @@ class _Agent:
                 continue
             rec = dict(base)
             rec["attributes"] = self.attrs(raw.get("attributes", []), k, lr)
+            if role.startswith(("alike", "unlike")):
+                rec["attributes"] = _died(rec["attributes"])
             out.append(rec)
         return out
 
@@ -735,12 +794,26 @@ class _Agent:
         return out
 
 
+def _died(kvs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The agent's record of a worker it stopped, as of one that failed itself: exit code 1, no SIGTERM."""
+    out = []
+    for kv in kvs:
+        if kv["key"] == "torchelastic.signal":
+            continue
+        if kv["key"] == "torchelastic.exit_code":
+            kv = {"key": kv["key"], "value": {next(iter(kv["value"])): "1"}}
+        out.append(kv)
+    return out
+
+
 # ---- generate ---------------------------------------------------------------------------------------------------
 
 
-def _plan(src: Source, nodes: int, ranks: int, attempts: int, fail: list[str]) -> Plan:
+def _plan(src: Source, nodes: int, ranks: int, attempts: int, fail: list[str], alike: int = 0, unlike: int = 0) -> Plan:
     if nodes < 1 or ranks < 1 or attempts < 1:
         raise ValueError("nodes, ranks and attempts must be >= 1")
+    if alike < 0 or unlike < 0:
+        raise ValueError("--fail-alike and --fail-unlike must be >= 0")
     failures = [parse_fail(f) for f in fail]
     for f in failures:
         if f.node >= nodes or f.local_rank >= ranks:
@@ -755,22 +828,38 @@ def _plan(src: Source, nodes: int, ranks: int, attempts: int, fail: list[str]) -
     fail_len = src.seg_start[src.healthy] - t0 if src.healthy > src.failed else 0
     run_id = str(uuid.UUID(int=_salt("run", src.run_id, nodes, ranks, attempts, tuple(failures)) << 64 | 1))
     trace_id = f"{_salt('trace', run_id):016x}{_salt('trace2', run_id):016x}"
-    return Plan(nodes, ranks, attempts, failures, run_id, trace_id, t0, fail_len)
+    plan = Plan(nodes, ranks, attempts, failures, run_id, trace_id, t0, fail_len)
+    if alike or unlike:
+        _fates(plan, alike, unlike)
+    return plan
+
+
+def _fates(plan: Plan, alike: int, unlike: int) -> None:
+    """The first ``alike + unlike`` nodes without a failure of their own fail with the others; of them, ``unlike``
+    spread evenly fail differently (so the many that fail alike are no one range), the rest alike."""
+    failing = {f.node for f in plan.failures}
+    pool = [n for n in range(plan.nodes) if n not in failing][: alike + unlike]
+    if len(pool) < alike + unlike:
+        raise ValueError(f"--fail-alike {alike} --fail-unlike {unlike}: only {len(pool)} nodes without a --fail")
+    different = [pool[(i + 1) * len(pool) // (unlike + 1)] for i in range(unlike)]
+    plan.unlike = {node: i for i, node in enumerate(different)}
+    plan.alike = frozenset(pool) - set(different)
 
 
 def generate(src: Path, out: Path, nodes: int, ranks: int, attempts: int, fail: list[str], *,
-             metric_every: int = 1, jobs: int = 0) -> None:  # fmt: skip
+             metric_every: int = 1, jobs: int = 0, alike: int = 0, unlike: int = 0) -> None:  # fmt: skip
     """Write to ``out`` (emptied first) the OTLP JSON Lines files of a run of ``nodes`` agents, each with
     ``ranks`` local ranks, in ``attempts`` attempts, cloned from the real job whose files are in ``src``;
     ``fail``: ``nodeNNNN:LOCAL@ATTEMPT`` specs (see the module's docstring).
 
     ``metric_every``: keep every n-th metric export of each process (and its last), as a longer export interval
     would have written them (the demo exports every 250 ms; its sums and histograms are cumulative, so a thinned
-    series is still a true one). ``jobs``: processes writing nodes in parallel (0: one per CPU)."""
+    series is still a true one). ``jobs``: processes writing nodes in parallel (0: one per CPU). ``alike``,
+    ``unlike``: nodes whose ranks fail with the others, alike or differently (``--fail-alike``, ``--fail-unlike``)."""
     source = _load(Path(src))
     if metric_every > 1:
         _thin(source, metric_every)
-    plan = _plan(source, nodes, ranks, attempts, fail)
+    plan = _plan(source, nodes, ranks, attempts, fail, alike, unlike)
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
@@ -823,7 +912,8 @@ def _write_nodes(source: Source, plan: Plan, workers: dict[tuple[int, int], list
             restart = agent.template(k)
             for lr, role in agent.roles(k).items():
                 src_local = agent.src_local(role) if role != "ok" else source.healthy_local(lr)
-                _write_worker(agent, workers[(restart, src_local)], k, lr, out)
+                fate = role if role.startswith(("alike", "unlike")) else ""
+                _write_worker(agent, workers[(restart, src_local)], k, lr, out, fate)
 
 
 def _agent_metric_templates(source: Source, plan: Plan) -> dict[Path, list[tuple[int | None, _Template]]]:
@@ -875,13 +965,15 @@ def _write_agent(agent: _Agent, metrics: dict[Path, list[tuple[int | None, _Temp
                     fh.write("\n")
 
 
-def _write_worker(agent: _Agent, files: list[tuple[SrcFile, list[_Template]]], k: int, local: int, out: Path) -> None:
+def _write_worker(
+    agent: _Agent, files: list[tuple[SrcFile, list[_Template]]], k: int, local: int, out: Path, fate: str = ""
+) -> None:
     plan, node = agent.plan, agent.node
     pids = sorted({int(f.resource.get("process.pid") or 0) for f, _ in files})
     offset, salt_agent, salt_before = agent.offset(k), agent.salt(k), agent.salt(None)
     for f, lines in files:
         j = pids.index(int(f.resource.get("process.pid") or 0))
-        ctx = _Ctx(plan, node, k, local, j, offset, _salt("w", node, k, local, j), salt_agent, salt_before)
+        ctx = _Ctx(plan, node, k, local, j, offset, _salt("w", node, k, local, j), salt_agent, salt_before, fate=fate)
         kind = f.path.name.split("-", 1)[0]
         name = f"{kind}-{host(node)}-rank{node * plan.ranks + local}-restart{k}-{pid(k, local, j, plan.ranks)}.jsonl"
         with open(out / name, "w", encoding="utf-8") as fh:
@@ -898,9 +990,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fail", action="append", default=[], help="nodeNNNN:LOCAL_RANK@ATTEMPT (repeatable)")
     p.add_argument("--metric-every", type=int, default=1, help="keep every n-th metric export of each process")
     p.add_argument("--jobs", type=int, default=0, help="writer processes (default: one per CPU)")
+    p.add_argument(
+        "--fail-alike",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N nodes whose ranks fail alike with the others (gloo's Connection closed by peer)",
+    )
+    p.add_argument(
+        "--fail-unlike",
+        type=int,
+        default=0,
+        metavar="M",
+        help="M nodes among those whose ranks fail differently (another error, in turn)",
+    )
     args = p.parse_args(argv)
     generate(args.src, args.out, args.nodes, args.ranks, args.attempts, args.fail, metric_every=args.metric_every,
-             jobs=args.jobs)  # fmt: skip
+             jobs=args.jobs, alike=args.fail_alike, unlike=args.fail_unlike)  # fmt: skip
     return 0
 
 

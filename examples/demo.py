@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="directory for the telemetry and the report (default: a new one)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds the job may run")
     args = parser.parse_args(argv)
-    out = args.out or Path(tempfile.mkdtemp(prefix="torchelastic-demo-"))
+    # Absolute: the job runs in the repository's root, so a relative --out would name a directory there.
+    out = (args.out or Path(tempfile.mkdtemp(prefix="torchelastic-demo-"))).resolve()
     if (out / "telemetry").exists():
         shutil.rmtree(out / "telemetry")  # the exporter appends: a second run must not mix with the first
     out.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,8 @@
 - :func:`step`: mark the end of a training step (a worker's optimizer steps mark them without it).
 
 The names are imported on first use (PEP 562): every Python process a bridged worker starts imports a submodule of
-this package at start-up (``_torch.worker_env``), and must not pay for OpenTelemetry's import (~50 ms) to do so.
+this package at start-up (``_torch.worker_env``), and must not pay for OpenTelemetry's import to do so
+(docs/performance.md, "Costs that shape the code").
 """
 
 from torchelastic_otel.version import __version__

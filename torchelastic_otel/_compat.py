@@ -153,7 +153,7 @@ def torch_event_destinations() -> dict[str, Any] | None:
     try:
         import torch.distributed.elastic.events.handlers as handlers
 
-        table = handlers._log_handlers
+        table = handlers._log_handlers  # noqa: SLF001 - torch's table of event destinations, no public accessor
     except (ImportError, AttributeError) as exc:
         _fallback("torch events.handlers._log_handlers", exc)
         return None
@@ -169,7 +169,7 @@ def torch_event_logger(destination: str) -> logging.Logger:
     try:
         import torch.distributed.elastic.events as events
 
-        return events._get_or_create_logger(destination)
+        return events._get_or_create_logger(destination)  # noqa: SLF001 - torch's per-destination loggers
     except AttributeError as exc:
         _fallback("torch events._get_or_create_logger", exc)
         return logging.getLogger(f"torchelastic-events-{destination}")
@@ -180,9 +180,10 @@ def rdzv_method_name(original: Any) -> Callable[..., str] | None:
 
     torch's rendezvous names each of its events after the method that records it: ``inspect.stack()[depth].function``,
     building ``inspect.stack()`` twice -- every frame's source lines read from disk, every loaded module scanned for
-    every frame. On an agent that is 10-17 ms a call (0.06-0.10 s a rendezvous round; one call every keep-alive),
-    on the agent's main thread, paid even where torch then drops the event. This returns the same name
-    (``sys._getframe(depth).f_code.co_name``: the frame ``inspect.stack()`` wraps) in microseconds.
+    every frame: milliseconds a call on the agent's main thread, several calls a rendezvous round and one every
+    keep-alive, paid even where torch then drops the event (docs/performance.md, "Costs that shape the code"). This
+    returns the same name (``sys._getframe(depth).f_code.co_name``: the frame ``inspect.stack()`` wraps) at the
+    cost of one frame lookup.
 
     ``None`` (counted) where torch's function is not the one known here -- its parameters or what it calls changed
     -- or this Python has no ``sys._getframe``: torch's is then kept, and the names stay torch's.
@@ -221,7 +222,7 @@ def agent_method(cls: type, name: str) -> Any:
     return function
 
 
-def agent_spec(agent: Any) -> Any:
+def agent_spec(agent: object) -> Any:
     """The ``WorkerSpec`` of a ``SimpleElasticAgent`` (``agent._worker_group.spec``); ``None`` (counted) if not
     there: the run's attributes (role, max restarts, local world size, entrypoint) are then missing."""
     spec = getattr(getattr(agent, "_worker_group", None), "spec", None)
@@ -230,7 +231,7 @@ def agent_spec(agent: Any) -> Any:
     return spec
 
 
-def agent_remaining_restarts(agent: Any) -> int | None:
+def agent_remaining_restarts(agent: object) -> int | None:
     """``agent._remaining_restarts`` (torch keeps no public count); ``None`` (counted) if not there: the restart
     count on spans and records is then missing."""
     remaining = getattr(agent, "_remaining_restarts", None)
@@ -252,7 +253,7 @@ class BatchQueue:
         self.length, self.limit, self.shut_down = length, limit, shut_down
 
 
-def batch_queue(processor: Any) -> BatchQueue | None:
+def batch_queue(processor: object) -> BatchQueue | None:
     """The queue of ``BatchSpanProcessor`` / ``BatchLogRecordProcessor`` (SDK >= 1.31: an internal
     ``_batch_processor`` with ``_queue``, ``_max_queue_size``, ``_shutdown``); ``None`` (counted) if the layout is
     not that: the processor then logs and drops by itself, uncounted by the bridge."""
@@ -328,7 +329,7 @@ def sdk_id_generator() -> Any:
     return _import_id_generator(_get_id_generator())
 
 
-def provider_processors(provider: Any, signal: str) -> list[Any]:
+def provider_processors(provider: object, signal: str) -> list[Any]:
     """The span / log record processors an SDK ``TracerProvider`` / ``LoggerProvider`` built elsewhere (by
     ``opentelemetry-configuration`` from ``OTEL_CONFIG_FILE``) holds (``_active_span_processor._span_processors``,
     ``_multi_log_record_processor._log_record_processors``). Empty (counted) where they moved: the bridge then cannot
@@ -347,8 +348,8 @@ def provider_processors(provider: Any, signal: str) -> list[Any]:
 
 def declarative_load(path: str) -> Any:
     """``opentelemetry-configuration``'s ``load_config_file`` without its check of the package's own schema against
-    the JSON Schema metaschema, which ``jsonschema.validate`` repeats at every call: 95% of a load (~0.4 s of CPU
-    on an idle 2-core machine, seconds on a busy one), in every process of a job. The same steps otherwise, with the
+    the JSON Schema metaschema, which ``jsonschema.validate`` repeats at every call: nearly all of a load's CPU
+    (docs/performance.md), in every process of a job. The same steps otherwise, with the
     loader's own pieces (``file._loader``: ``_parse_config_content`` with its ``${VAR}`` substitution, the
     package's schema, ``_validate_file_format``, ``_dict_to_model``) and the same errors. Fallback (counted): the
     public ``load_config_file``."""
@@ -358,8 +359,9 @@ def declarative_load(path: str) -> Any:
         import jsonschema
         from opentelemetry.configuration.file import _loader
 
-        parse, schema = _loader._parse_config_content, _loader._get_schema
-        check_format, to_model = _loader._validate_file_format, _loader._dict_to_model
+        # The loader's own steps, less its metaschema check (see the docstring): it has no public form of them.
+        parse, schema = _loader._parse_config_content, _loader._get_schema  # noqa: SLF001 - see above
+        check_format, to_model = _loader._validate_file_format, _loader._dict_to_model  # noqa: SLF001 - see above
     except (ImportError, AttributeError) as exc:
         _fallback("opentelemetry.configuration.file._loader", exc)
         return load_config_file(path)
@@ -441,7 +443,7 @@ def global_provider(signal: str) -> Any:
     return getattr(module, attribute)
 
 
-def replace_global_provider(signal: str, old: Any, new: Any) -> bool:
+def replace_global_provider(signal: str, old: object, new: object) -> bool:
     """Make ``new`` the global provider of ``signal`` where ``old`` is (``None``: where none is set).
 
     The API sets a global provider once per process and a forked child inherits its parent's; the bridge replaces
@@ -460,7 +462,7 @@ def replace_global_provider(signal: str, old: Any, new: Any) -> bool:
     return True
 
 
-def is_proxy_provider(provider: Any) -> bool:
+def is_proxy_provider(provider: object) -> bool:
     """The API's stand-in while no global provider is set (``ProxyTracerProvider`` and its kin)."""
     from opentelemetry.trace import ProxyTracerProvider
 
@@ -475,7 +477,7 @@ def is_proxy_provider(provider: Any) -> bool:
     return isinstance(provider, (_ProxyMeterProvider, ProxyLoggerProvider))
 
 
-def _is_sdk_meter_provider(provider: Any) -> bool:
+def _is_sdk_meter_provider(provider: object) -> bool:
     try:
         from opentelemetry.sdk.metrics import MeterProvider
     except ImportError:
@@ -483,7 +485,7 @@ def _is_sdk_meter_provider(provider: Any) -> bool:
     return isinstance(provider, MeterProvider)
 
 
-def metric_readers(meter_provider: Any) -> list[Any] | None:
+def metric_readers(meter_provider: object) -> list[Any] | None:
     """The readers of an SDK ``MeterProvider`` that the bridge did not build (``_metric_readers``; older SDKs:
     ``_sdk_config.metric_readers``); ``None`` if it is not one, or their place changed (counted: the provider's
     own ``force_flush`` is then used, which also collects pull readers such as Prometheus')."""
@@ -541,10 +543,10 @@ def flight_recorder(include_collectives: bool) -> dict[str, Any] | None:
     """What torch's Flight Recorder holds in this process: ``pg_status`` (per process group name, the sequence
     numbers of the last collective enqueued, started and completed) and, with ``include_collectives``, ``entries``
     (the recent collectives: ``collective_seq_id``, ``profiling_name``, ``process_group`` = [name, description],
-    ``time_created_ns``...). ``torch._C._distributed_c10d._dump_fr_trace`` without stack traces (pickle: 2,000
-    entries in ~14 ms, its JSON twin takes ~90 ms); fallback (counted): ``_dump_fr_trace_json``; ``None`` (counted)
-    when neither exists or the dump fails: the stall records then carry no collectives and stragglers are not
-    measured. The caller makes sure ``torch.distributed`` is imported and initialised."""
+    ``time_created_ns``...). ``torch._C._distributed_c10d._dump_fr_trace`` without stack traces (pickle: several times
+    faster than its JSON twin, docs/performance.md); fallback (counted): ``_dump_fr_trace_json``; ``None`` (counted)
+    when neither exists or the dump fails: the stall records then carry no collectives and stragglers are not measured.
+    The caller makes sure ``torch.distributed`` is imported and initialised."""
     try:
         from torch._C import _distributed_c10d as c10d
     except ImportError as exc:
@@ -578,7 +580,7 @@ def flight_recorder(include_collectives: bool) -> dict[str, Any] | None:
 # ---- torch: the DataLoader's iterators (the input phase of a step) -------------------------------------------------
 
 
-def dataloader_iter_class(module: Any) -> type | None:
+def dataloader_iter_class(module: object) -> type | None:
     """The base class of every ``DataLoader`` iterator, ``torch.utils.data.dataloader._BaseDataLoaderIter``, whose
     ``__next__`` both the single- and the multi-process iterator inherit (``anatomy``'s input phase). ``None``
     (counted) where it is gone or no longer defines ``__next__``: steps then have no input phase."""
@@ -592,7 +594,7 @@ def dataloader_iter_class(module: Any) -> type | None:
 # ---- torch: CUDA events (a step on the GPU's clock) -----------------------------------------------------------------
 
 
-def cuda_event_factory(torch: Any) -> Callable[[], Any] | None:
+def cuda_event_factory(torch: object) -> Callable[[], Any] | None:
     """What makes the timeline's CUDA events: ``torch.Event(device="cuda", enable_timing=True)`` (the device-generic
     event, torch 2.4+: its ``record()`` takes the current stream in C; ``torch.cuda.Event.record`` builds a Python
     stream object first, several times the cost). Bound to a device at its first ``record()``. ``None`` (counted)
@@ -616,7 +618,7 @@ def cuda_event_factory(torch: Any) -> Callable[[], Any] | None:
 # ---- Hugging Face transformers and Lightning: private methods the framework integrations wrap ---------------------
 
 
-def framework_method(cls: Any, name: str) -> Any:
+def framework_method(cls: object, name: str) -> Any:
     """``cls.name`` where ``cls`` itself defines it as a function: a private method of a framework the bridge wraps
     (``transformers.Trainer._save_checkpoint``, Lightning's ``_LoggerConnector.log_metrics``, ``frameworks``).
     ``None`` (counted) where a release removed or renamed it: that part of the integration is then left out."""

@@ -13,13 +13,16 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchelastic_otel import _settings, pipeline
 from torchelastic_otel._export import distro as _distro
 from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel._export import providers as _providers
 from torchelastic_otel._process import runtime  # noqa: F401 - runtime: the process hooks follow the pipeline
+
+if TYPE_CHECKING:
+    from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch import torch_bridge
 from torchelastic_otel._torch.worker_env import is_torchrun_worker, prepend_env_path, set_env
 
@@ -37,7 +40,7 @@ _AGENT_MODULES = (
 )
 
 _lock = threading.RLock()
-_patches: Any = None
+_patches: Patches | None = None
 
 
 def is_installed() -> bool:
@@ -107,9 +110,9 @@ def install(
             pipeline.setup(tracer_provider, meter_provider, logger_provider)
         patches = Patches()
         try:
-            # A worker does not import torch's agent and rendezvous modules (~150 ms); bridge them only if it did.
-            # Nor torch's events and metrics modules (~1 s when the script does not import torch): they are bridged
-            # when the script imports them.
+            # A worker does not import torch's agent and rendezvous modules (their import would lengthen its
+            # start-up, docs/performance.md); bridge them only if it did. Nor torch's events and metrics modules
+            # (torch's whole import, where the script does not import torch): they are bridged when it imports them.
             bridge = torch_bridge.TorchBridge(patches, import_rendezvous=not in_worker)
             if in_worker:
                 bridge.when_imported()

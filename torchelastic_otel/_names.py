@@ -94,6 +94,8 @@ CHECKPOINT_BYTES = "torchelastic.checkpoint.bytes"
 CHECKPOINT_STEP = "torchelastic.checkpoint.step"
 OPERATION = "operation"  # torchelastic.checkpoint.duration: save | load
 PHASE = "phase"  # torchelastic.worker.step.phase.duration
+#: The values of ``PHASE``: the phases of a training step, in the order the report shows them.
+STEP_PHASES = ("input", "forward", "backward", "optimizer", "collective_wait", "other")
 DEVICE = "device"  # torchelastic.worker.cuda.memory.*: the CUDA device index
 CLOCK = "clock"  # torchelastic.worker.step.phase.*: host | device (CUDA events on the job's stream)
 FRAMEWORK = "framework"  # torchelastic.framework.*: hf | lightning

@@ -4,10 +4,14 @@ known (and the pipeline rebuilt for it, where built for another) before the brid
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
-__all__ = ["settle_run_id", "renew_if_stale"]
+__all__ = ["settle_run_id", "renew_if_stale", "install_for_run", "RunIdKept"]
+
+#: Where the agent's resource reads the run id from, when the pipeline is built.
+RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 
 
 def settle_run_id(args: Any, standalone_id: str | None = None) -> None:
@@ -42,3 +46,29 @@ def renew_if_stale(run_id: str | None, wait_seconds: float) -> None:
         return  # nothing built yet (install() builds it now), or the application's own providers
     if current.resource.attributes.get(names.RUN_ID) != run_id:
         pipeline.renew()
+
+
+def install_for_run(run_id: str | None, wait_seconds: float) -> None:
+    """Install the bridge for the run torch is about to start: ``TORCHELASTIC_RUN_ID`` set where ``run_id`` names
+    one (not ``none``), the pipeline rebuilt where it was built for another run id (:func:`renew_if_stale`), then
+    ``install()``."""
+    from torchelastic_otel._install import install
+
+    if run_id and run_id != "none":
+        os.environ[RUN_ID_ENV] = run_id
+    renew_if_stale(os.environ.get(RUN_ID_ENV), wait_seconds)
+    install()
+
+
+class RunIdKept:
+    """``TORCHELASTIC_RUN_ID`` as it was before the block, after it: a launcher called in-process (in place of
+    torch's) gives its caller's environment back."""
+
+    def __enter__(self) -> None:
+        self._previous = os.environ.get(RUN_ID_ENV)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is None:
+            os.environ.pop(RUN_ID_ENV, None)
+        else:
+            os.environ[RUN_ID_ENV] = self._previous

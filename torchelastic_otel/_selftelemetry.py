@@ -14,9 +14,10 @@ import threading
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (not imported on a worker's start-up path)
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
 
-__all__ = ["count", "snapshot", "DROPPED", "SANITIZED", "FALLBACK"]
+    from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+
+__all__ = ["count", "count_exception", "snapshot", "DROPPED", "SANITIZED", "FALLBACK"]
 
 _logger = logging.getLogger("torchelastic_otel")
 
@@ -47,6 +48,16 @@ def count(kind: str, signal: str, reason: str, n: int = 1) -> None:
         _counters.counts[key] = _counters.counts.get(key, 0) + n
     if first and kind == DROPPED:
         _logger.warning("torchelastic_otel dropped %s data (%s); counted in torchelastic_otel.dropped", signal, reason)
+
+
+def count_exception(signal: str, reason: str, exc: BaseException) -> None:
+    """Count ``reason`` as dropped for ``exc``, an exception the bridge caught instead of raising it into the job,
+    and log it at debug level with its traceback; never raises."""
+    try:
+        count(DROPPED, signal, reason)
+        _logger.debug("torchelastic_otel: %s dropped (%s): %s", signal, reason, exc, exc_info=exc)
+    except Exception:
+        pass
 
 
 def snapshot(kind: str | None = None) -> dict[tuple[str, str, str], int]:
@@ -80,10 +91,10 @@ def add_before_collect(hook: Callable[[], object]) -> None:
         _counters.before_collect.append(hook)
 
 
-def _observe(kind: str) -> Callable[[Any], list[Any]]:
+def _observe(kind: str) -> Callable[[CallbackOptions], list[Observation]]:
     from opentelemetry.metrics import Observation
 
-    def callback(options: Any) -> list[Any]:
+    def callback(options: CallbackOptions) -> list[Observation]:
         if kind == DROPPED:
             for hook in list(_counters.before_collect):
                 try:
@@ -95,7 +106,7 @@ def _observe(kind: str) -> Callable[[Any], list[Any]]:
     return callback
 
 
-def instrument(meter_provider: Any) -> None:
+def instrument(meter_provider: MeterProvider) -> None:
     """Register ``torchelastic_otel.dropped`` and ``torchelastic_otel.sanitized`` on ``meter_provider`` (once)."""
     key = id(meter_provider)
     if key in _counters.instrumented:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -58,24 +57,19 @@ def settle_run_id(args: Any) -> str | None:
     return args.rdzv_id if args.rdzv_id and args.rdzv_id != "none" else None
 
 
-def _bridge(args: Any) -> None:
+def _bridge(args: object) -> None:
     """Settle the run id and install the bridge, before torch starts the run."""
-    run_id = settle_run_id(args)
-    if run_id is not None:
-        os.environ["TORCHELASTIC_RUN_ID"] = run_id  # the agent's resource reads it when the pipeline is built
-    from torchelastic_otel._install import install
-    from torchelastic_otel._run_id import renew_if_stale
+    from torchelastic_otel._run_id import install_for_run
 
-    renew_if_stale(os.environ.get("TORCHELASTIC_RUN_ID"), PIPELINE_WAIT_SECONDS)
-    install()
+    install_for_run(settle_run_id(args), PIPELINE_WAIT_SECONDS)
 
 
-def _bridged(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def _bridged(original: Callable[[object], object]) -> Callable[[object], object]:
     """torch's ``run(args)`` as accelerate calls it, bridged first; where bridging fails (logged), the job runs
     unbridged, never failed by it."""
 
     @functools.wraps(original)
-    def run(args: Any) -> Any:
+    def run(args: object) -> object:
         try:
             _bridge(args)
         except Exception as exc:
@@ -95,16 +89,15 @@ def _torch_run_bridged() -> Iterator[None]:
     call), then torch's own again; ``TORCHELASTIC_RUN_ID`` back as it was."""
     from torch.distributed import run as torchrun
 
-    original, previous = torchrun.run, os.environ.get("TORCHELASTIC_RUN_ID")
+    from torchelastic_otel._run_id import RunIdKept
+
+    original = torchrun.run
     torchrun.run = _bridged(original)
     try:
-        yield
+        with RunIdKept():
+            yield
     finally:
         torchrun.run = original
-        if previous is None:
-            os.environ.pop("TORCHELASTIC_RUN_ID", None)
-        else:
-            os.environ["TORCHELASTIC_RUN_ID"] = previous
 
 
 def main(argv: list[str]) -> None:

@@ -61,7 +61,7 @@ class TorchElasticInstrumentor(BaseInstrumentor):
             )
         keep_bootstrap_first()
 
-    def _uninstrument(self, **kwargs: Any) -> None:
+    def _uninstrument(self, **kwargs: object) -> None:
         from torchelastic_otel._install import uninstall
 
         uninstall()

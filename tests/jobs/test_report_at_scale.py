@@ -6,10 +6,17 @@ re-identifies its files into a 16-node run (2 ranks each) in which local rank 1 
 the one that raises in attempt 0, and every other node's workers were stopped by their agents. Then the real
 ``torchelastic-otel report`` command renders it: terminal text, HTML, ``--json``; and a headless Chromium shows
 the HTML (the deviating node's group open and drawn, the healthy ones folded and drawn only when opened).
+
+From the same source, runs of 16 and 1,024 nodes in which the other nodes' ranks do not wait to be stopped but fail
+themselves when the root cause's rank dies, as a large job's do (``scale_gen --fail-alike``: gloo's ``Connection
+closed by peer`` with each rank's own address and port), and three nodes fail differently (``--fail-unlike``:
+``Connection reset by peer``, NCCL's watchdog, a DataLoader worker killed): every view shows the many as one group
+(its nodes and ranks in ranges, counted), after the root cause's, and each of the three as a group of its own.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -28,7 +35,9 @@ import pytest
 from tests.support import ROOT
 from tests.support.procs import Job
 from tests.support.report_browser import Chromium, chromium_binary
-from torchelastic_otel.report import hosts
+from torchelastic_otel.report import hosts, model, terminal, training
+from torchelastic_otel.report import html as report_html
+from torchelastic_otel.report import read as report_read
 
 pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
 pytest.importorskip("opentelemetry.exporter.otlp.json.file")
@@ -86,8 +95,9 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def scaled(tmp_path_factory: pytest.TempPathFactory) -> Scaled:
-    out = tmp_path_factory.mktemp("scale")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's files (a real job), less the straggler signal: what every run of this module is cloned from."""
+    out = tmp_path_factory.mktemp("demo")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     with open(out / "demo.log", "wb") as fh:
         cmd = [sys.executable, str(ROOT / "examples" / "demo.py"), "--out", str(out / "demo"), "--timeout", "150"]
@@ -98,9 +108,11 @@ def scaled(tmp_path_factory: pytest.TempPathFactory) -> Scaled:
     finally:
         job.kill()
     assert job.returncode == 0, job.output()[-3000:]
-    source = _without_arrivals(out / "demo" / "telemetry", out / "source")
-    files = out / "files"
-    _scale_gen().generate(source, files, NODES, RANKS, ATTEMPTS, [f"{FAILING}:1@0"])
+    return _without_arrivals(out / "demo" / "telemetry", out / "source")
+
+
+def _shown(files: Path, out: Path) -> Scaled:
+    """The real ``report`` command's terminal text and HTML file, and its ``--json``, of the run in ``files``."""
     html = out / "report.html"
     shown = _report(str(files), "--html", str(html), "--width", "120")
     assert shown.returncode == 0, shown.stderr[-3000:]
@@ -108,6 +120,14 @@ def scaled(tmp_path_factory: pytest.TempPathFactory) -> Scaled:
     assert summary.returncode == 0, summary.stderr[-3000:]
     (run,) = json.loads(summary.stdout)["runs"]
     return Scaled(files, shown.stdout, html.read_text(), html, run)
+
+
+@pytest.fixture(scope="module")
+def scaled(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Scaled:
+    out = tmp_path_factory.mktemp("scale")
+    files = out / "files"
+    _scale_gen().generate(source, files, NODES, RANKS, ATTEMPTS, [f"{FAILING}:1@0"])
+    return _shown(files, out)
 
 
 # ---- the counts ---------------------------------------------------------------------------------------------
@@ -154,6 +174,11 @@ def test_the_root_cause_and_the_deviating_node_open_the_terminal_report(scaled: 
     assert deviating < 40 and lines[deviating] == f"DEVIATING NODES  (1 of {NODES}; {NODES - 1} healthy nodes)"
     assert lines[deviating + 1] == f"{FAILING}  root cause: rank {CAUSE_RANK}"
     assert headline < deviating < lines.index(next(line for line in lines if line.startswith("TIMELINE")))
+    # every other rank was stopped by its agent: on every node, not only the root cause's
+    everyone = f"ranks 0–{CAUSE_RANK - 1}, {CAUSE_RANK + 1}–{NODES * RANKS - 1} ({NODES * RANKS - 1} ranks)"
+    assert f"  then failed or stopped: {everyone}" in lines
+    assert cause["consequences"] == [r for r in range(NODES * RANKS) if r != CAUSE_RANK]
+    assert [g["host_names"] for g in scaled.run["groups"]] == [[FAILING]]
 
 
 def test_the_terminal_timeline_folds_the_healthy_nodes(scaled: Scaled) -> None:
@@ -201,6 +226,165 @@ def test_host_and_rank_summaries() -> None:
     assert hosts.rank_list([7]) == "rank 7"
     assert hosts.rank_list([*range(7), *range(8, 32)]) == "ranks 0–6, 8–31 (31 ranks)"
     assert hosts.rank_list([0, 1]) == "ranks 0, 1"
+
+
+# ---- nodes that fail alike --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Alike:
+    """A run in which the ranks of ``alike`` nodes fail alike after the root cause's, and those of ``unlike`` nodes
+    each differently (in turn: ``Connection reset by peer``, NCCL's watchdog, a DataLoader worker killed)."""
+
+    nodes: int
+    failing: int  # the root cause's node (its local rank 1 raises)
+    unlike: list[int]
+    alike: list[int]
+    line: str  # the alike group's line, as the terminal and --json say it
+    text: str
+    page: str
+    run: dict[str, Any]
+
+    @property
+    def cause_rank(self) -> int:
+        return self.failing * RANKS + 1
+
+
+GLOO = "failed in attempt 0 (exit code 1): RuntimeError: [<path>] Connection closed by peer <addr>. This is typically"
+UNLIKE = [
+    "failed in attempt 0 (exit code 1): RuntimeError: [<path>] Connection reset by peer <addr>.",
+    "failed in attempt 0 (exit code 1): torch.distributed.DistBackendError: [Rank <n>] NCCL watchdog thread",
+    "failed in attempt 0 (exit code 1): RuntimeError: DataLoader worker (pid <n>) is killed by signal: Bus error.",
+]
+
+
+@pytest.fixture(scope="module")
+def alike16(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Alike:
+    """16 nodes: node 3's rank raises; 11 nodes fail alike, nodes 4, 8 and 11 differently, node 15 is stopped.
+    Rendered by the real ``report`` command."""
+    out = tmp_path_factory.mktemp("alike16")
+    _scale_gen().generate(source, out / "files", 16, RANKS, ATTEMPTS, ["node0003:1@0"], alike=11, unlike=3)
+    shown = _shown(out / "files", out)
+    line = (
+        "node0000…node0002, node0005…node0007, node0009…node0010, node0012…node0014 (11 hosts)  "
+        "failure: ranks 0–5, 10–15, 18–21, 24–29 (22 ranks)"
+    )
+    alike = [0, 1, 2, 5, 6, 7, 9, 10, 12, 13, 14]
+    return Alike(16, 3, [4, 8, 11], alike, line, shown.text, shown.page, shown.run)
+
+
+@pytest.fixture(scope="module")
+def alike1024(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Alike:
+    """1,024 nodes: node 417's rank raises, nodes 255, 512 and 768 fail differently, the 1,020 others alike. Read
+    once and rendered by the three functions the ``report`` command calls (terminal, HTML, ``--json``): reading the
+    files is most of a report's time, and the command itself is the 16-node run's."""
+    out = tmp_path_factory.mktemp("alike1024")
+    files = out / "files"
+    fails = ["node0417:1@0"]
+    _scale_gen().generate(source, files, 1024, RANKS, ATTEMPTS, fails, alike=1020, unlike=3, metric_every=1000)
+    gc.disable()  # as the command does: millions of objects in no cycle, each collection would walk them all
+    try:
+        tel = report_read([str(files)])
+        jobs = model.build(tel)
+        text = terminal.render(tel, jobs, width=120)
+        page = report_html.render(tel, jobs)
+        (run,) = json.loads(json.dumps(training.summary(jobs, dict(tel.problems.counts)), default=str))["runs"]
+    finally:
+        gc.enable()
+    line = (
+        "node0000…node0254, node0256…node0416, node0418…node0511, node0513…node0767, node0769…node1023 (1,020 hosts)  "
+        "failure: ranks 0–509, 512–833, 836–1023, 1026–1535, 1538–2047 (2,040 ranks)"
+    )
+    alike = [n for n in range(1024) if n not in (255, 417, 512, 768)]
+    return Alike(1024, 417, [255, 512, 768], alike, line, text, page, run)
+
+
+@pytest.fixture(scope="module", params=[16, 1024], ids=["16-nodes", "1024-nodes"])
+def alike(request: pytest.FixtureRequest) -> Alike:
+    found: Alike = request.getfixturevalue(f"alike{request.param}")
+    return found
+
+
+def _host(node: int) -> str:
+    return f"node{node:04d}"
+
+
+def test_the_terminal_shows_one_line_for_the_many_and_one_for_each_that_failed_differently(alike: Alike) -> None:
+    lines = alike.text.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("DEVIATING NODES")))
+    deviating = len(alike.alike) + len(alike.unlike) + 1
+    healthy = alike.nodes - deviating
+    assert lines[start] == (
+        f"DEVIATING NODES  ({deviating:,} of {alike.nodes:,} in 5 groups; {hosts.plural(healthy, 'healthy node')})"
+    )
+    end = lines.index("", start)
+    section = lines[start + 1 : end]
+    heads = [line for line in section if not line.startswith("  ")]
+    cause = alike.cause_rank
+    assert heads == [
+        f"{_host(alike.failing)}  root cause: rank {cause}",
+        alike.line,
+        *(f"{_host(n)}  failure: ranks {2 * n}, {2 * n + 1}" for n in alike.unlike),
+    ]
+    # under the many's line, what they did with the numbers masked; under each of the few, its ranks' own words
+    assert section[section.index(alike.line) + 1].startswith("  " + GLOO)
+    for node, what in zip(
+        alike.unlike, ["Connection reset by peer", "NCCL watchdog", "DataLoader worker"], strict=True
+    ):
+        below = section[section.index(f"{_host(node)}  failure: ranks {2 * node}, {2 * node + 1}") + 1]
+        assert below.startswith(f"  rank {2 * node}: failed in attempt 0 (exit code 1): ") and what in below
+    assert len(section) < 16  # 1,020 nodes in one line: the section does not grow with them
+    everyone = [r for r in range(alike.nodes * RANKS) if r != cause]
+    assert f"  then failed or stopped: {hosts.rank_list(everyone)}" in lines
+
+
+def test_the_html_shows_one_item_for_the_many_and_one_for_each_that_failed_differently(alike: Alike) -> None:
+    page = alike.page
+    deviating = len(alike.alike) + len(alike.unlike) + 1
+    assert f"<h3>Deviating nodes <small>({deviating:,} of {alike.nodes:,} in 5 groups; " in page
+    section = page[page.index("<ul class=deviating>") : page.index("<h3>Timeline</h3>")]
+    hosts_text, ranks_text = alike.line.split("  failure: ")
+    many = (
+        f'<li class=group data-nodes="{len(alike.alike)}" data-ranks="{2 * len(alike.alike)}" '
+        f'data-reasons="failure"><b>{hosts_text}</b> failure: {ranks_text}<ul><li>'
+    )
+    items = [f'<li data-host="{_host(alike.failing)}" data-reasons="root cause">', many]
+    items += [f'<li data-host="{_host(n)}" data-reasons="failure">' for n in alike.unlike]
+    at = [section.index(item) for item in items]
+    assert at == sorted(at)
+    assert section.count("<li data-host=") + section.count("<li class=group") == 5
+    assert report_html.e(GLOO) in section[at[1] :]
+    everyone = [r for r in range(alike.nodes * RANKS) if r != alike.cause_rank]
+    assert f"<p>then failed or stopped: {report_html.e(hosts.rank_list(everyone))}</p>" in page
+
+
+def test_the_json_has_the_groups_the_root_causes_first(alike: Alike) -> None:
+    run = alike.run
+    assert set(run) == SUMMARY_KEYS | {"groups"}  # the keys of before, and the groups
+    groups = run["groups"]
+    expected = [[_host(alike.failing)], [_host(n) for n in alike.alike], *([_host(n)] for n in alike.unlike)]
+    assert [g["host_names"] for g in groups] == expected
+    cause, many, *few = groups
+    assert cause["root_cause"] and cause["reasons"] == ["root cause"] and cause["ranks"] == [alike.cause_rank]
+    assert many["line"] == alike.line and many["nodes"] == len(alike.alike) and not many["root_cause"]
+    assert many["ranks"] == [r for n in alike.alike for r in (2 * n, 2 * n + 1)]
+    assert many["rank_count"] == 2 * len(alike.alike)
+    assert len(many["what"]) == 1 and many["what"][0].startswith(GLOO)
+    assert many["example"].startswith(f"rank {2 * alike.alike[0]}: failed in attempt 0 (exit code 1): RuntimeError: [")
+    for group, node, what in zip(few, alike.unlike, UNLIKE, strict=True):  # never folded into the many, nor together
+        assert group["nodes"] == 1 and group["ranks"] == [2 * node, 2 * node + 1]
+        assert len(group["what"]) == 1 and group["what"][0].startswith(what), group["what"]
+    everyone = [r for r in range(alike.nodes * RANKS) if r != alike.cause_rank]
+    assert run["root_cause"]["consequences"] == everyone
+    assert run["failures"] == 1 + RANKS * (len(alike.alike) + len(alike.unlike))
+
+
+#: the keys of a run in ``report --json`` before the groups
+SUMMARY_KEYS = {
+    "run_id", "outcome", "start", "seconds", "ranks", "attempts", "agents", "nodes", "failures", "hosts", "root_cause",
+    "root_causes", "restarts", "stragglers", "steps", "stalls", "missing_ranks", "goodput", "goodput_attempts",
+    "verdict", "memory_creep",
+}  # fmt: skip
 
 
 # ---- the browser ------------------------------------------------------------------------------------------------

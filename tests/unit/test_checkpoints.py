@@ -203,7 +203,7 @@ def test_the_bridges_own_failure_never_reaches_the_call(
         raise RuntimeError("the bridge broke")
 
     monkeypatch.setattr(checkpoints, "_emit", broken)
-    monkeypatch.setattr(checkpoints, "_parent_context", broken)
+    monkeypatch.setattr(checkpoints.worker_env, "span_parent", broken)
     monkeypatch.setattr(anatomy, "checkpoint_enter", broken)
     before = selftelemetry.total(selftelemetry.DROPPED, reason="checkpoint_error")
     torch.save({"x": torch.ones(1)}, tmp_path / "a.pt")

@@ -106,13 +106,13 @@ def test_providers_from_the_file_are_the_bridges(tmp_path: Path, monkeypatch: py
     assert isinstance(tracer_provider, providers._Bounded)
     sampler = getattr(tracer_provider, "sampler", None)
     assert sampler is not None and sampler.get_description() == "AlwaysOffSampler"
-    [processor] = tracer_provider._torchelastic_processors
+    [processor] = providers.processors(tracer_provider)
     assert type(processor).__name__ == "_CountingBatchSpanProcessor"
     assert type(processor._batch_processor._exporter).__name__ == "OTLPSpanExporter"
     logger_provider = providers.build_logger_provider(resource)
-    assert isinstance(logger_provider, providers._Bounded) and len(logger_provider._torchelastic_processors) == 1
+    assert isinstance(logger_provider, providers._Bounded) and len(providers.processors(logger_provider)) == 1
     meter_provider = providers.build_meter_provider(resource, pull=False)  # the Prometheus reader left out
-    assert [type(r).__name__ for r in meter_provider._torchelastic_readers] == ["PeriodicExportingMetricReader"]
+    assert [type(r).__name__ for r in providers.readers(meter_provider)] == ["PeriodicExportingMetricReader"]
     # a sampled span to a collector that is not there: shutdown within the exit bound all the same
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON
@@ -139,7 +139,7 @@ def test_each_worker_gets_its_own_prometheus_port(tmp_path: Path, monkeypatch: p
 def test_disabled_exports_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_CONFIG_FILE", str(_write(tmp_path, GOOD.replace('"1.0"\n', '"1.0"\ndisabled: true\n'))))
     provider = providers.build_tracer_provider(providers.resource())
-    assert provider._torchelastic_processors == []
+    assert providers.processors(provider) == []
 
 
 @pytest.mark.parametrize(

@@ -134,8 +134,9 @@ def test_the_stalls_one_per_rank_and_start(job: model.Job) -> None:
     assert stalls[0].records == 2 and stalls[0].seconds == pytest.approx(6.0)
     assert stalls[0].stack_top == "torch/distributed/distributed_c10d.py:3252 in all_reduce"
     assert stalls[1].stack_top.endswith(" in sleep") and stalls[1].code == "train.py:40 in main"
-    assert stalls[3].collectives == {"default_pg": {"last_enqueued": 11, "last_completed": 10,
-                                                    "pending": "gloo:all_reduce", "pending_seq": 11}}  # fmt: skip
+    group = training.Group(last_enqueued=11, last_completed=10, pending="gloo:all_reduce", pending_seq=11)
+    assert stalls[3].collectives == {"default_pg": group}
+    assert group.text == "last enqueued #11, completed #10, pending #11 gloo:all_reduce"
 
 
 def test_the_rank_missing_from_the_collective(job: model.Job) -> None:

@@ -74,7 +74,7 @@ def encodable_attributes(attributes: dict[str, Any], signal: str = "traces") -> 
     for key, value in attributes.items():
         new_key = encodable(key, signal) if type(key) is str else key
         if isinstance(value, str):
-            new_value: Any = encodable(value, signal)
+            new_value: object = encodable(value, signal)
         elif isinstance(value, (list, tuple)) and any(isinstance(v, str) for v in value):
             new_value = [encodable(v, signal) if isinstance(v, str) else v for v in value]
             if all(a is b for a, b in zip(new_value, value, strict=True)):
@@ -87,7 +87,7 @@ def encodable_attributes(attributes: dict[str, Any], signal: str = "traces") -> 
             changed[key] = (new_key, new_value)
     if changed is None:
         return attributes
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in attributes.items():
         new_key, new_value = changed.get(key, (key, value))
         out[new_key] = new_value
@@ -101,7 +101,7 @@ def _text(value: str, signal: str) -> str:
     return value if value.isascii() else encodable(value, signal)
 
 
-def safe_str(value: Any) -> str:
+def safe_str(value: object) -> str:
     """``str(value)`` as a plain ``str``; a placeholder when the object's ``__str__`` raises (user objects)."""
     if type(value) is str:
         return value
@@ -112,7 +112,7 @@ def safe_str(value: Any) -> str:
         return f"<unprintable {type(value).__name__}>"
 
 
-def _json_text(value: Any, signal: str) -> str:
+def _json_text(value: object, signal: str) -> str:
     """JSON for containers that have no attribute form; ``repr`` where JSON cannot say it (cycles, odd keys)."""
     try:
         text = json.dumps(value, default=safe_str, allow_nan=True)
@@ -125,7 +125,7 @@ def _json_text(value: Any, signal: str) -> str:
     return _text(text, signal)
 
 
-def attribute_value(value: Any, signal: str = "logs") -> Any:
+def attribute_value(value: object, signal: str = "logs") -> Any:
     """A valid OTel attribute value for ``value`` (``None`` means: leave the attribute out)."""
     if value is None:
         return None
@@ -156,7 +156,7 @@ def attribute_value(value: Any, signal: str = "logs") -> Any:
     return _text(text, signal)
 
 
-def _sequence_value(seq: list | tuple, signal: str) -> Any:
+def _sequence_value(seq: list | tuple, signal: str) -> object:
     """Homogeneous primitive sequences stay arrays (ints widen to floats beside floats); others become JSON."""
     if not seq:
         return []
@@ -168,20 +168,20 @@ def _sequence_value(seq: list | tuple, signal: str) -> Any:
     return _json_text(seq, signal)
 
 
-def _key(key: Any, signal: str) -> str:
+def _key(key: object, signal: str) -> str:
     text = safe_str(key.value if isinstance(key, Enum) else key)
     return encodable(text[:MAX_KEY_LENGTH], signal) or "_"
 
 
 def flatten(
-    mapping: Any,
+    mapping: object,
     prefix: str,
     out: dict[str, Any],
     signal: str = "logs",
     depth: int = 0,
     skip: frozenset = frozenset(),
     unwrap: bool = False,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Add ``mapping``'s items to ``out`` as ``{prefix}{key}`` attributes; nested dicts become dotted keys.
 
     ``None`` values are left out by design (OTel has no null attribute); keys in ``skip`` too. ``unwrap`` takes

@@ -54,7 +54,7 @@ class _ExitThread:
     (one call at a time, in order) on a Python that starts no thread at exit (``_compat.threads_start_at_exit``)."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], threading.Event]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Callable[[], object], threading.Event]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -62,7 +62,7 @@ class _ExitThread:
             self._thread = threading.Thread(target=self._run, name="torchelastic-otel-exit", daemon=True)
             self._thread.start()
 
-    def submit(self, fn: Callable[[], Any]) -> Any:
+    def submit(self, fn: Callable[[], object]) -> Any:
         """Hand ``fn`` over; something to ``join(timeout)`` on (``None``: no thread here, e.g. after a fork)."""
         if self._thread is None or not self._thread.is_alive():
             return None
@@ -129,7 +129,7 @@ def bounded_flush(flush: Callable[[], bool], timeout_millis: int) -> bool:
     return ok
 
 
-def _quietly(fn: Callable[[], Any]) -> bool:
+def _quietly(fn: Callable[[], object]) -> bool:
     try:
         return fn() is not False
     except Exception:

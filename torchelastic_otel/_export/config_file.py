@@ -8,7 +8,7 @@ adds is its own (``_export.providers``): the torchrun attributes on the resource
 (``_export.bounded``), each worker's own Prometheus port.
 
 Nothing here is imported unless the variable is set: a YAML parser, ``jsonschema`` and the configuration models
-cost a worker ~0.1 s, which a job that does not use the file must not pay.
+lengthen a worker's start-up (docs/performance.md), which a job that does not use the file must not pay.
 
 A file that cannot be read, parsed or validated is one error line on the agent's stderr (naming the file and
 the fault) and no telemetry: ``install()`` leaves the job as plain torchrun (``refused``). A worker that meets
@@ -24,8 +24,9 @@ import sys
 import threading
 from typing import Any
 
-from torchelastic_otel import _compat, _settings
+from torchelastic_otel import _compat
 from torchelastic_otel import _selftelemetry as selftelemetry
+from torchelastic_otel._export import ports
 
 __all__ = ["ENV", "ConfigFileError", "path", "load", "refused", "resource", "create"]
 
@@ -52,7 +53,7 @@ def path() -> str | None:
 _lock = threading.Lock()
 #: (path, environment) -> the parsed model or its error: one build reads the file once, not once per signal; a
 #: changed environment (``${VAR}`` substitution) reads it again.
-_loaded: dict[tuple[str, int], Any] = {}
+_loaded: dict[tuple[str, int], object] = {}
 _told: set[str] = set()
 
 
@@ -77,7 +78,7 @@ def load() -> Any:
     return found
 
 
-def _parse(where: str) -> Any:
+def _parse(where: str) -> object:
     try:
         import opentelemetry.configuration  # noqa: F401
     except ImportError as exc:
@@ -144,7 +145,7 @@ def refused() -> bool:
     return False
 
 
-def resource(default_service_name: str, extra: dict[str, Any]) -> Any:
+def resource(default_service_name: str, extra: dict[str, Any]) -> object:
     """The file's resource (``create_resource``: no ``OTEL_RESOURCE_ATTRIBUTES``, detectors only if listed) over
     ``extra`` (the torchrun attributes), ``service.name`` defaulting to ``default_service_name`` as without a
     file."""
@@ -158,7 +159,7 @@ def resource(default_service_name: str, extra: dict[str, Any]) -> Any:
     return Resource(extra).merge(made)
 
 
-def create(signal: str, resource: Any, pull: bool = True) -> Any:
+def create(signal: str, resource: Any, pull: bool = True) -> object:
     """The SDK provider of ``signal`` as the file configures it (``create_*_provider``). A section the file leaves
     out, or ``disabled: true``, gives a provider that exports nothing (the specification's no-op). ``pull=False``
     leaves out pull readers (Prometheus: a forked child's parent serves the port)."""
@@ -177,31 +178,21 @@ def create(signal: str, resource: Any, pull: bool = True) -> Any:
 
 def _meter_section(section: Any, pull: bool) -> Any:
     """The meter provider section for this process: without pull readers where ``pull`` is false; each worker of a
-    node on its own Prometheus port (the file's port ``+ 1 + LOCAL_RANK``, as without a file; the agent keeps the
-    file's port) unless ``TORCHELASTIC_OTEL_PROMETHEUS_PORT_OFFSET=0``."""
+    node on its own Prometheus port, by the rule the ``OTEL_*`` route follows (``_export.ports``: the file's port
+    ``+ 1 + LOCAL_RANK``; the agent keeps the file's port)."""
     if section is None:
         return None
     readers = [reader for reader in section.readers if pull or reader.pull is None]
-    offset = _port_offset()
-    if offset:
-        readers = [_moved(reader, offset) for reader in readers]
+    if ports.offset():
+        readers = [_moved(reader) for reader in readers]
     return dataclasses.replace(section, readers=readers)
 
 
-def _port_offset() -> int:
-    if "LOCAL_RANK" not in os.environ or not _settings.PROMETHEUS_PORT_OFFSET.get():
-        return 0
-    try:
-        return 1 + int(os.environ["LOCAL_RANK"])
-    except ValueError:
-        return 1
-
-
-def _moved(reader: Any, offset: int) -> Any:
+def _moved(reader: Any) -> object:
     prometheus = reader.pull.exporter.prometheus_development if reader.pull is not None else None
     if prometheus is None:
         return reader
-    moved = dataclasses.replace(prometheus, port=(prometheus.port or 9464) + offset)
+    moved = dataclasses.replace(prometheus, port=ports.port(prometheus.port))
     exporter = dataclasses.replace(reader.pull.exporter, prometheus_development=moved)
     return dataclasses.replace(reader, pull=dataclasses.replace(reader.pull, exporter=exporter))
 

@@ -31,13 +31,13 @@ from torchelastic_otel._export import health as _health
 from torchelastic_otel._export.health import ExportHealth
 
 
-def _failed(result: Any) -> bool:
+def _failed(result: object) -> bool:
     return getattr(result, "name", None) == "FAILURE"
 
 
 #: What a salvage finds in a failed batch: ``None`` (nothing unencodable), or how many items are left and how to
 #: export them (the unencodable ones are already counted).
-Rest = tuple[int, Callable[[], Any]] | None
+Rest = tuple[int, Callable[[], object]] | None
 
 
 def _exporting(
@@ -45,9 +45,9 @@ def _exporting(
     health: ExportHealth,
     pid: int,
     count: int,
-    export: Callable[[], Any],
+    export: Callable[[], object],
     salvage: Callable[[], Rest] | None = None,
-) -> Any:
+) -> object:
     """Run one export of ``count`` items, counting them as dropped (``export_failed``) if it fails or raises.
 
     If it fails (or raises) and ``salvage`` finds unencodable items in the batch, those are dropped (counted by
@@ -100,7 +100,7 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_BODY_DEPTH = 200
 
 
-def _bad_text(value: Any) -> bool:
+def _bad_text(value: object) -> bool:
     """A string field the encoder cannot set: not a string, or a string with lone surrogates (``None``: unset)."""
     if value is None:
         return False
@@ -115,7 +115,7 @@ def _bad_text(value: Any) -> bool:
         return True
 
 
-def _bad_body(value: Any, depth: int = 0) -> bool:
+def _bad_body(value: object, depth: int = 0) -> bool:
     """Whether a log body has no OTLP ``AnyValue`` form (the encoder's own order of type checks)."""
     if value is None or isinstance(value, (bool, float, bytes)):
         return False
@@ -138,17 +138,17 @@ def _bad_body(value: Any, depth: int = 0) -> bool:
     return True
 
 
-def _bad_scope(scope: Any) -> bool:
+def _bad_scope(scope: object) -> bool:
     if scope is None:
         return False
     return any(_bad_text(getattr(scope, field, None)) for field in ("name", "version", "schema_url"))
 
 
-def _bad_resource(resource: Any) -> bool:
+def _bad_resource(resource: object) -> bool:
     return resource is not None and _bad_text(getattr(resource, "schema_url", None))
 
 
-def _bad_log(item: Any) -> bool:
+def _bad_log(item: object) -> bool:
     """A log record (``ReadableLogRecord``, or ``LogData`` of older SDKs) the OTLP encoder would fail on."""
     record = getattr(item, "log_record", item)
     return (
@@ -160,7 +160,7 @@ def _bad_log(item: Any) -> bool:
     )
 
 
-def _bad_span(span: Any) -> bool:
+def _bad_span(span: object) -> bool:
     """A span the OTLP encoder would fail on (its name, status description, an event's name, scope, resource)."""
     return (
         _bad_text(getattr(span, "name", None))
@@ -171,7 +171,7 @@ def _bad_span(span: Any) -> bool:
     )
 
 
-def _bad_metric(metric: Any) -> bool:
+def _bad_metric(metric: object) -> bool:
     """A metric the OTLP encoder would fail on: its name, description or unit, or an int value beyond int64."""
     if any(_bad_text(getattr(metric, field, None)) for field in ("name", "description", "unit")):
         return True
@@ -185,7 +185,7 @@ def _bad_metric(metric: Any) -> bool:
 _UNENCODABLE = "unencodable"
 
 
-def _success(signal: str) -> Any:
+def _success(signal: str) -> object:
     """The SUCCESS result of ``signal``'s exporters (returned when nothing encodable was left to export)."""
     if signal == "traces":
         from opentelemetry.sdk.trace.export import SpanExportResult
@@ -197,7 +197,7 @@ def _success(signal: str) -> Any:
     return result.SUCCESS
 
 
-def _salvage_items(signal: str, batch: Any, export: Callable[[Any], Any]) -> Rest:
+def _salvage_items(signal: str, batch: Any, export: Callable[[object], object]) -> Rest:
     """Drop (and count) the unencodable spans or log records of a failed ``batch``; the rest, to export again.
     ``None`` when every item is encodable (the failure had another cause)."""
     bad = _bad_span if signal == "traces" else _bad_log
@@ -214,7 +214,7 @@ def _salvage_items(signal: str, batch: Any, export: Callable[[Any], Any]) -> Res
     return len(keep), lambda: export(keep)
 
 
-def _salvage_metrics(metrics_data: Any, export: Callable[[Any], Any]) -> Rest:
+def _salvage_metrics(metrics_data: Any, export: Callable[[object], object]) -> Rest:
     """The same for metrics: the metrics that cannot be encoded (a bad scope or resource: all of its metrics) are
     left out, their data points counted."""
     from opentelemetry.sdk.metrics.export import MetricExportResult
@@ -251,7 +251,7 @@ def _salvage_metrics(metrics_data: Any, export: Callable[[Any], Any]) -> Rest:
     return kept, lambda: export(salvaged)
 
 
-def _shutdown_inner(inner: Any, pid: int, timeout_millis: float | None, kwargs: dict[str, Any]) -> Any:
+def _shutdown_inner(inner: Any, pid: int, timeout_millis: float | None, kwargs: dict[str, object]) -> object:
     if os.getpid() != pid:
         return None  # the parent's exporter (and its connection) stays the parent's
     shutdown = inner.shutdown
@@ -272,7 +272,7 @@ class CountingExporter:
     def __init__(self, signal: str, inner: Any) -> None:
         self._signal, self._inner, self.health, self._pid = signal, inner, _health.health, os.getpid()
 
-    def export(self, batch: Any) -> Any:
+    def export(self, batch: Any) -> object:
         inner = self._inner
         return _exporting(
             self._signal,
@@ -283,7 +283,7 @@ class CountingExporter:
             lambda: _salvage_items(self._signal, batch, inner.export),
         )
 
-    def shutdown(self, timeout_millis: float | None = None, **kwargs: Any) -> Any:
+    def shutdown(self, timeout_millis: float | None = None, **kwargs: object) -> object:
         return _shutdown_inner(self._inner, self._pid, timeout_millis, kwargs)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -302,12 +302,12 @@ class CountingMetricExporter(CountingExporter):
     """The same for a metric exporter (a failed export counts its data points); it keeps the exporter's preferred
     temporality and aggregation, which ``PeriodicExportingMetricReader`` reads."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: object) -> None:
         super().__init__("metrics", inner)
         self._preferred_temporality = getattr(inner, "_preferred_temporality", None)
         self._preferred_aggregation = getattr(inner, "_preferred_aggregation", None)
 
-    def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:  # type: ignore[override]
+    def export(self, metrics_data: object, timeout_millis: float = 10_000, **kwargs: object) -> object:  # type: ignore[override]
         return _exporting(
             "metrics",
             self.health,
@@ -322,12 +322,12 @@ class CountingMetricExporter(CountingExporter):
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return self._inner.force_flush(timeout_millis=timeout_millis) if os.getpid() == self._pid else True
 
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:  # type: ignore[override]
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:  # type: ignore[override]
         if os.getpid() == self._pid:
             self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
-def _count_points_of(metric: Any) -> int:
+def _count_points_of(metric: object) -> int:
     return len(getattr(getattr(metric, "data", None), "data_points", None) or ())
 
 
@@ -343,7 +343,7 @@ def _count_points(metrics_data: Any) -> int:
         return 0
 
 
-def wrap_exporter(signal: str, exporter: Any) -> Any:
+def wrap_exporter(signal: str, exporter: object) -> object:
     """A span/log/metric exporter wrapped to count failed exports; anything else (a metric reader) as it is."""
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
 
@@ -360,7 +360,7 @@ def wrap_exporter(signal: str, exporter: Any) -> Any:
 _processor_classes: dict[str, type] = {}
 
 
-def _queue_full(processor: Any) -> bool:
+def _queue_full(processor: object) -> bool:
     """Whether the SDK batch processor's queue (``OTEL_BLRP_MAX_QUEUE_SIZE`` / ``OTEL_BSP_MAX_QUEUE_SIZE``, default
     2048) is full or shut down, i.e. it would drop the item (the SDK drops the oldest one and logs a warning for
     every item)."""
@@ -368,7 +368,7 @@ def _queue_full(processor: Any) -> bool:
     return state is not None and (state.length >= state.limit or state.shut_down)
 
 
-def pending(processor: Any) -> int:
+def pending(processor: object) -> int:
     """Items a batch processor still holds (queued, not yet exported); 0 if unknown."""
     state = _compat.batch_queue(processor)
     return 0 if state is None else state.length
@@ -386,7 +386,7 @@ def counting_batch_processor(base: type, signal: str) -> type:
         return cls
     method = "on_end" if signal == "traces" else "on_emit"
 
-    def accept(self: Any, item: Any) -> Any:
+    def accept(self: object, item: Any) -> object:
         if _queue_full(self):
             if signal == "traces" and not (item.context and item.context.trace_flags.sampled):
                 return None  # not exported anyway

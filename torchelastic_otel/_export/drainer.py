@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import _settings
@@ -33,6 +33,8 @@ __all__ = [
     "interval",
     "add_periodic",
 ]
+
+T = TypeVar("T")
 
 
 class Drainable(Protocol):
@@ -85,7 +87,9 @@ class Buffer:
         self._overflow = 0
         self._lock = threading.RLock()
 
-    def _hand_over_items(self, keep: Callable[[dict[str, Any], Any], Any], portable: Callable[[Any], Any]) -> bool:
+    def _hand_over_items(
+        self, keep: Callable[[dict[str, object], Any], object], portable: Callable[[Any], Any]
+    ) -> bool:
         """Give each buffered item, as ``portable(item) -> (fields, ctx)``, to ``keep(fields, ctx)``, oldest first;
         ``True`` if every one was kept. The lock is waited for briefly only: on SIGTERM the interrupted thread may
         hold it (a drain), and the final words must not spend their bound on it."""
@@ -102,22 +106,29 @@ class Buffer:
             self._lock.release()
 
 
-class ItemBuffer(Buffer):
-    """A buffer whose items are exported one at a time, in order, each by :meth:`export`; an item that fails is
-    given to :meth:`failed` (which counts it) and the drain goes on. A drain empties the buffer, whatever its
-    deadline: these buffers are small, and a metric collection needs them drained."""
+class ItemBuffer(Buffer, Generic[T]):
+    """A buffer whose items are exported one at a time, in order, by ``export``; an item that fails is given to
+    ``failed`` (which counts it) and the drain goes on. A drain empties the buffer, whatever its deadline: these
+    buffers are small, and a metric collection needs them drained. Registered with the drainer when made."""
 
-    def put(self, item: Any) -> None:
+    def __init__(
+        self, max_pending: int, signal: str, export: Callable[[T], object], failed: Callable[[Exception], object]
+    ) -> None:
+        super().__init__(max_pending)
+        self.signal = signal
+        self._export = export
+        self._failed = failed
+        register(self)
+
+    def put(self, item: T) -> None:
         if len(self._pending) < self.max_pending:
             self._pending.append(item)
         else:
             self._overflow += 1
 
-    def export(self, item: Any) -> None:
-        raise NotImplementedError
-
-    def failed(self, exc: Exception) -> None:
-        raise NotImplementedError
+    def put_always(self, item: T) -> None:
+        """An item that must not be turned away, full or not (a span's end: an open span would leak)."""
+        self._pending.append(item)
 
     def drain(self, deadline: float | None = None) -> int:
         with self._lock:
@@ -129,11 +140,18 @@ class ItemBuffer(Buffer):
                 except IndexError:
                     break
                 try:
-                    self.export(item)
+                    self._export(item)
                 except Exception as exc:
-                    self.failed(exc)
+                    self._failed(exc)
                 done += 1
             return done
+
+    def drain_now(self) -> None:
+        """Export what is buffered now, in the caller's thread; never raises (a failure goes to ``failed``)."""
+        try:
+            self.drain()
+        except Exception as exc:
+            self._failed(exc)
 
 
 def _interval() -> float:
@@ -198,7 +216,7 @@ def _run() -> None:
             behind = not drain_all(time.monotonic() + interval)
 
 
-def add_periodic(callback: Callable[[], Any], every_seconds: float) -> Callable[[], None]:
+def add_periodic(callback: Callable[[], object], every_seconds: float) -> Callable[[], None]:
     """Call ``callback()`` on this thread about every ``every_seconds`` (at the drain interval's granularity): the
     bridge's own periodic work (a worker's stall watchdog) needs no thread of its own. Exceptions are swallowed and
     counted (``periodic_error``). Returns the function that removes it again."""
@@ -296,7 +314,7 @@ def outgrows_hand_over() -> bool:
     return not can_hand_over()
 
 
-def hand_over_all(keep: Callable[[dict[str, Any], Any], Any]) -> bool:
+def hand_over_all(keep: Callable[[dict[str, object], object], object]) -> bool:
     """At an exit before the pipeline was built: give every buffered record to ``keep(fields, ctx)`` (a worker
     keeps them for its agent: ``_torch.final_words``); ``True`` if every one was kept. Never raises."""
     complete = True

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 from torchelastic_otel import _compat, _settings
 
@@ -94,7 +93,7 @@ class _RetryWatch(logging.Filter):
 _retry_watch = _RetryWatch()
 
 
-def watch_retries(exporter: Any) -> None:
+def watch_retries(exporter: object) -> None:
     """Watch the loggers of the exporter's modules (the OTLP exporters log their retries there)."""
     for klass in type(exporter).__mro__:
         module = getattr(klass, "__module__", "") or ""

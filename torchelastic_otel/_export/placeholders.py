@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-Resolve = Callable[[str], Any]
+Resolve = Callable[[str], object]
 
 
 class Placeholder:
@@ -36,6 +36,6 @@ class RebuildOnUse(Placeholder):
     """In a forked child, for a global provider the bridge built in the parent (``parent_provider``): the first use
     rebuilds the bridge's pipeline for the child (``pipeline.after_fork_in_child``)."""
 
-    def __init__(self, signal: str, resolve: Resolve, parent_provider: Any) -> None:
+    def __init__(self, signal: str, resolve: Resolve, parent_provider: object) -> None:
         super().__init__(signal, resolve)
         self.parent_provider = parent_provider

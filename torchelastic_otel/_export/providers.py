@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from torchelastic_otel import _compat, _settings
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import bounded as _bounded
-from torchelastic_otel._export import counting
+from torchelastic_otel._export import counting, ports
 from torchelastic_otel._export import health as _health
 
 _logger = logging.getLogger("torchelastic_otel")
@@ -37,6 +39,38 @@ SIGNAL_ENV = {
     "metrics": "OTEL_METRICS_EXPORTER",
     "logs": "OTEL_LOGS_EXPORTER",
 }
+
+
+@dataclass
+class _Parts:
+    """What the bridge made or adopted for one of its providers: the batch processors (traces, logs) and the metric
+    readers (metrics) behind it."""
+
+    processors: list[object] = field(default_factory=list)
+    readers: list[Any] = field(default_factory=list)
+
+
+#: The parts of each provider the bridge built, kept beside it (the SDK's objects carry nothing of the bridge's).
+_parts: weakref.WeakKeyDictionary[object, _Parts] = weakref.WeakKeyDictionary()
+
+
+def _parts_of(provider: object) -> _Parts:
+    parts = _parts.get(provider)
+    if parts is None:
+        parts = _parts[provider] = _Parts()
+    return parts
+
+
+def processors(provider: object) -> list[Any]:
+    """The batch processors behind a provider the bridge built (traces, logs); ``[]`` for any other provider."""
+    parts = _parts.get(provider)
+    return parts.processors if parts is not None else []
+
+
+def readers(provider: object) -> list[Any]:
+    """The metric readers behind a meter provider the bridge built; ``[]`` for any other provider."""
+    parts = _parts.get(provider)
+    return parts.readers if parts is not None else []
 
 
 def from_file() -> bool:
@@ -106,7 +140,7 @@ def construct(signal: str, name: str, cls: type) -> Any | None:
 FILE_DIR_ENV = _settings.FILE_DIR.name
 
 
-def _file_exporter_args(signal: str, cls: type) -> dict[str, Any]:
+def _file_exporter_args(signal: str, cls: type) -> dict[str, object]:
     """``path=<TORCHELASTIC_OTEL_FILE_DIR>/<signal>-<process>.jsonl`` for the OTLP JSON Lines file exporter.
 
     Built by name (``otlp_json_file``), that exporter writes to stdout, where torchrun mixes every process's lines
@@ -126,11 +160,8 @@ def _file_exporter_args(signal: str, cls: type) -> dict[str, Any]:
 
 
 class _prometheus_port_for_this_process:
-    """Give each worker of a node its own Prometheus port: ``OTEL_EXPORTER_PROMETHEUS_PORT + 1 + LOCAL_RANK``.
-
-    The agent (no ``LOCAL_RANK``) keeps the base port (default 9464). Without this, the second worker on a node
-    dies binding the same port and loses its whole pipeline. ``TORCHELASTIC_OTEL_PROMETHEUS_PORT_OFFSET=0``
-    turns the offset off (for one worker per container).
+    """Give each worker of a node its own Prometheus port while its exporter is made (``_export.ports``: the base
+    port ``OTEL_EXPORTER_PROMETHEUS_PORT`` + 1 + ``LOCAL_RANK``); the environment is put back afterwards.
 
     The host defaults to ``127.0.0.1`` when ``OTEL_EXPORTER_PROMETHEUS_HOST`` is unset: the exporter's own default,
     ``localhost``, is resolved by name (``/etc/hosts``, DNS search domains), so it is not guaranteed to be a
@@ -139,24 +170,21 @@ class _prometheus_port_for_this_process:
 
     def __init__(self, cls: type) -> None:
         self._prometheus = "prometheus" in getattr(cls, "__module__", "")
-        self._active = self._prometheus and "LOCAL_RANK" in os.environ
+        self._active = False
         self._saved: str | None = None
         self._host_defaulted = False
 
     def __enter__(self) -> None:
-        if self._prometheus and not os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST"):
+        if not self._prometheus:
+            return
+        if not os.environ.get("OTEL_EXPORTER_PROMETHEUS_HOST"):
             os.environ["OTEL_EXPORTER_PROMETHEUS_HOST"] = "127.0.0.1"
             self._host_defaulted = True
-        if not self._active or not _settings.PROMETHEUS_PORT_OFFSET.get():
-            self._active = False
+        if not ports.offset():
             return
+        self._active = True
         self._saved = os.environ.get("OTEL_EXPORTER_PROMETHEUS_PORT")
-        base = int(self._saved or 9464)
-        try:
-            local_rank = int(os.environ["LOCAL_RANK"])
-        except ValueError:
-            local_rank = 0
-        os.environ["OTEL_EXPORTER_PROMETHEUS_PORT"] = str(base + 1 + local_rank)
+        os.environ["OTEL_EXPORTER_PROMETHEUS_PORT"] = str(ports.port(int(self._saved) if self._saved else None))
 
     def __exit__(self, *exc: object) -> None:
         if self._host_defaulted:
@@ -169,7 +197,7 @@ class _prometheus_port_for_this_process:
             os.environ["OTEL_EXPORTER_PROMETHEUS_PORT"] = self._saved
 
 
-def _or_default(variable: str, load: Callable[[], Any]) -> Any:
+def _or_default(variable: str, load: Callable[[], object]) -> object:
     """A component named by ``variable``, or ``None`` (the SDK default) when it cannot be loaded."""
     try:
         return load()
@@ -179,14 +207,14 @@ def _or_default(variable: str, load: Callable[[], Any]) -> Any:
         return None
 
 
-def _from_file(signal: str, resource: Any, pull: bool = True) -> Any:
+def _from_file(signal: str, resource: object, pull: bool = True) -> object:
     """The provider of ``signal`` that ``OTEL_CONFIG_FILE`` configures, made the bridge's own (:func:`_adopt`)."""
     from torchelastic_otel._export import config_file
 
     return _adopt(config_file.create(signal, resource, pull), signal)
 
 
-def _adopt(provider: Any, signal: str) -> Any:
+def _adopt(provider: Any, signal: str) -> object:
     """Make an SDK provider built elsewhere (``opentelemetry-configuration``) one of the bridge's: its flush and
     shutdown bounded (``_Bounded``; its own exit handler taken off, the bridge's exit handler shuts it down in
     time), its batch processors counting what a full queue drops and what a shutdown leaves behind."""
@@ -198,20 +226,18 @@ def _adopt(provider: Any, signal: str) -> Any:
     original, provider = provider, object.__new__(_bounded_class(type(provider), signal))
     provider.__dict__.update(vars(original))
     if signal == "metrics":
-        provider._torchelastic_processors = []
-        provider._torchelastic_readers = _compat.metric_readers(provider) or []
+        _parts[provider] = _Parts(readers=_compat.metric_readers(provider) or [])
         return provider
-    processors = _compat.provider_processors(provider, signal)
-    for processor in processors:
+    batch = _compat.provider_processors(provider, signal)
+    for processor in batch:
         base = type(processor)
         if base.__name__ in ("BatchSpanProcessor", "BatchLogRecordProcessor"):
             processor.__class__ = counting.counting_batch_processor(base, signal)
-    provider._torchelastic_processors = processors
-    provider._torchelastic_readers = []
+    _parts[provider] = _Parts(processors=batch)
     return provider
 
 
-def build_tracer_provider(resource: Any) -> Any:
+def build_tracer_provider(resource: object) -> object:
     if from_file():
         return _from_file("traces", resource)
     from opentelemetry.sdk.trace import TracerProvider
@@ -223,51 +249,51 @@ def build_tracer_provider(resource: Any) -> Any:
         sampler=_or_default("OTEL_TRACES_SAMPLER", _compat.sdk_sampler),
         id_generator=_or_default("OTEL_PYTHON_ID_GENERATOR", _compat.sdk_id_generator),
     )
-    for name, cls in exporter_classes("traces").items():
-        exporter = construct("traces", name, cls)
+    return _batched(provider, "traces", BatchSpanProcessor, provider.add_span_processor)
+
+
+def _batched(provider: object, signal: str, batch_class: type, add: Callable[[object], object]) -> object:
+    """``provider`` with a counting batch processor (``batch_class``'s) for each exporter of ``signal``, each
+    added by ``add`` (the SDK's ``add_span_processor`` / ``add_log_record_processor``)."""
+    for name, cls in exporter_classes(signal).items():
+        exporter = construct(signal, name, cls)
         if exporter is not None:
-            processor = counting.counting_batch_processor(BatchSpanProcessor, "traces")(exporter)
-            provider.add_span_processor(processor)
-            provider._torchelastic_processors.append(processor)
+            processor = counting.counting_batch_processor(batch_class, signal)(exporter)
+            add(processor)
+            _parts_of(provider).processors.append(processor)
     return provider
 
 
-def build_meter_provider(resource: Any, pull: bool = True) -> Any:
+def build_meter_provider(resource: object, pull: bool = True) -> Any:
     """The meter provider; ``pull=False`` leaves out pull exporters (Prometheus: a forked child's parent serves)."""
     if from_file():
         return _from_file("metrics", resource, pull)
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 
-    readers = []
+    made_readers = []
     for name, cls in exporter_classes("metrics").items():
         if not pull and "prometheus" in getattr(cls, "__module__", ""):
             continue
         made = construct("metrics", name, cls)
         if made is None:
             continue
-        readers.append(made if isinstance(made, MetricReader) else PeriodicExportingMetricReader(made))
+        made_readers.append(made if isinstance(made, MetricReader) else PeriodicExportingMetricReader(made))
     provider = _bounded_class(MeterProvider, "metrics")(
-        resource=resource, metric_readers=readers, shutdown_on_exit=False
+        resource=resource, metric_readers=made_readers, shutdown_on_exit=False
     )
-    provider._torchelastic_readers = readers
+    _parts_of(provider).readers = made_readers
     return provider
 
 
-def build_logger_provider(resource: Any) -> Any:
+def build_logger_provider(resource: object) -> Any:
     if from_file():
         return _from_file("logs", resource)
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 
     provider = _bounded_class(LoggerProvider, "logs")(resource=resource, shutdown_on_exit=False)
-    for name, cls in exporter_classes("logs").items():
-        exporter = construct("logs", name, cls)
-        if exporter is not None:
-            processor = counting.counting_batch_processor(BatchLogRecordProcessor, "logs")(exporter)
-            provider.add_log_record_processor(processor)
-            provider._torchelastic_processors.append(processor)
-    return provider
+    return _batched(provider, "logs", BatchLogRecordProcessor, provider.add_log_record_processor)
 
 
 def with_resource(provider: Any, signal: str, attributes: dict[str, Any]) -> Any:
@@ -277,8 +303,8 @@ def with_resource(provider: Any, signal: str, attributes: dict[str, Any]) -> Any
     processors of ``provider``, so what it makes leaves in the same batches through the same exporters, and it is
     never shut down itself. ``provider`` itself where the bridge did not build it (an application's processors are
     the application's), or where this fails (counted)."""
-    processors = getattr(provider, "_torchelastic_processors", None)
-    if not attributes or not processors:
+    shared = processors(provider)
+    if not attributes or not shared:
         return provider
     try:
         from opentelemetry.sdk.resources import Resource
@@ -291,16 +317,19 @@ def with_resource(provider: Any, signal: str, attributes: dict[str, Any]) -> Any
         if signal == "traces":
             from opentelemetry.sdk.trace import TracerProvider
 
-            tracers = TracerProvider(resource=resource, shutdown_on_exit=False,
-                                     sampler=getattr(provider, "sampler", None),
-                                     id_generator=getattr(provider, "id_generator", None))  # fmt: skip
-            for processor in processors:
+            tracers = TracerProvider(
+                resource=resource,
+                shutdown_on_exit=False,
+                sampler=getattr(provider, "sampler", None),
+                id_generator=getattr(provider, "id_generator", None),
+            )
+            for processor in shared:
                 tracers.add_span_processor(processor)
             return tracers
         from opentelemetry.sdk._logs import LoggerProvider
 
         loggers = LoggerProvider(resource=resource, shutdown_on_exit=False)
-        for processor in processors:
+        for processor in shared:
             loggers.add_log_record_processor(processor)
         return loggers
     except Exception:
@@ -317,12 +346,11 @@ class _Bounded:
     _torchelastic_signal = "all"
     _torchelastic_flush_default = 30_000
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
-        self._torchelastic_processors: list[Any] = []
-        self._torchelastic_readers: list[Any] = []
+        _parts_of(self)
 
-    def force_flush(self, timeout_millis: Any = None) -> bool:
+    def force_flush(self, timeout_millis: object = None) -> bool:
         return _bounded.bounded_flush(
             self.force_flush_unbounded, _bounded.user_timeout(timeout_millis, self._torchelastic_flush_default)
         )
@@ -331,7 +359,7 @@ class _Bounded:
         """The SDK's own ``force_flush`` (in the caller's thread, for as long as the exporters take)."""
         return super().force_flush() is not False  # type: ignore[misc]  # a mixin: super() is the SDK's provider
 
-    def shutdown(self, *args: Any, **kwargs: Any) -> Any:
+    def shutdown(self, *args: object, **kwargs: object) -> object:
         """Flush (bounded), then the SDK's shutdown, within the exit bound once the backend is down; what the
         batch queues and the exports in flight still held then is counted as dropped (``shutdown_timeout``)."""
         self.force_flush()
@@ -339,7 +367,7 @@ class _Bounded:
         # A mixin: super() is the SDK's provider class, which the type checker cannot see from here.
         done = _bounded.run_bounded(lambda: super(_Bounded, self).shutdown(*args, **kwargs) or True, timeout)  # type: ignore[misc]
         if done is None:
-            lost = sum(counting.pending(p) for p in self._torchelastic_processors)
+            lost = sum(counting.pending(p) for p in processors(self))
             lost += _health.health.in_flight().get(self._torchelastic_signal, 0)
             if lost:
                 selftelemetry.count(selftelemetry.DROPPED, self._torchelastic_signal, "shutdown_timeout", lost)
@@ -354,7 +382,7 @@ class _BoundedMeterProvider(_Bounded):
         snapshot that its next scrape serves first, with every metric family twice (opentelemetry-python#2500);
         a scrape drains the bridge's buffers itself."""
         ok = True
-        for reader in self._torchelastic_readers:
+        for reader in readers(self):
             if is_pull_reader(reader):
                 continue
             try:
@@ -371,7 +399,7 @@ class _BoundedMeterProvider(_Bounded):
 _PULL_READERS = ("PrometheusMetricReader", "InMemoryMetricReader")
 
 
-def is_pull_reader(reader: Any) -> bool:
+def is_pull_reader(reader: object) -> bool:
     return any(cls.__name__ in _PULL_READERS for cls in type(reader).__mro__)
 
 

@@ -21,18 +21,19 @@ Its life (:class:`Phase`), every transition written here and nowhere else::
     any      --shutdown(): the bridge's providers flushed and shut down-------------------> UNSET
 
 Why a worker builds in a thread of its own, and when: importing the SDK and the OTLP exporters and building the
-providers costs 150-250 ms of CPU, which must not be added to the script's start-up -- and a thread of the same
-process adds it all the same, under the GIL, to the script's own imports (measured: +0.18 s on a worker's ``import
-torch``). So a worker of a bridged agent defers the build (``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS``) until it asks
-for a provider (a span), buffers what an exit could not hand to its agent (a metric value, more than 256 records),
-or the delay is over; a rank that fails sooner loses nothing, because its final words, its start span and what it
-buffered never needed its pipeline: its agent sends them. Elsewhere the thread builds at once. Either way, a build
-that is due (not asked for) waits while the main thread is importing (bounded: ``IMPORT_WAIT_SECONDS``): a build
-beside ``import torch`` cost a worker's start-up 0.5 s, against 0.2 s one after the other. While
-it is BUILDING (waiting or building), placeholders
-(``_export.placeholders``) stand in for the global providers; whoever asks one for a tracer, meter or logger waits for
-the build. The final words of a process (SIGTERM, an uncaught exception) never build and never wait: they take
-:func:`ready` (no lock, no import) and, when it says ``None``, leave their record where the agent reads it.
+providers is CPU-bound Python, which must not be added to the script's start-up -- and a thread of the same process adds
+it all the same, under the GIL, to the script's own imports (docs/performance.md, "Costs that shape the code"). So a
+worker of a bridged agent defers the build (``TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS``) until it asks for a provider (a
+span), buffers what an exit could not hand to its agent (a metric value, more than 256 records), or the delay is over; a
+rank that fails sooner loses nothing, because its final words, its start span and what it buffered never needed its
+pipeline: its agent sends them. Elsewhere the thread builds at once. Either way, a build that is due (not asked for)
+waits while the main thread is importing (bounded: ``IMPORT_WAIT_SECONDS``): a build beside ``import torch`` costs a
+worker's start-up more than one after it; a deferred one waits longer (``DEFERRED_IMPORT_WAIT_SECONDS``), and
+``IMPORT_SETTLE_SECONDS`` after the imports: the rest of the script's start-up. While it is BUILDING (waiting or
+building), placeholders (``_export.placeholders``) stand in for the global providers; whoever asks one for a tracer,
+meter or logger waits for the build. The final words of a process (SIGTERM, an uncaught exception) never build and never
+wait: they take :func:`ready` (no lock, no import) and, when it says ``None``, leave their record where the agent reads
+it.
 
 The process's hooks (fork, exit, signals) live in ``_process.runtime``, which calls into this module and is imported
 with ``pipeline``, the module every user of the pipeline imports; listeners added with :func:`add_listener` hear of
@@ -123,7 +124,7 @@ class Pipeline:
     #: The resource of the providers it built (``None``: it built none).
     resource: Any = None
 
-    def providers(self) -> dict[str, Any]:
+    def providers(self) -> dict[str, object]:
         return {"traces": self.tracer_provider, "metrics": self.meter_provider, "logs": self.logger_provider}
 
     def flush(self, timeout_millis: int = 5000) -> bool:
@@ -168,7 +169,7 @@ class Pipeline:
         return True
 
 
-def _force_flush(provider: Any) -> bool:
+def _force_flush(provider: object) -> bool:
     """A provider's flush in the caller's thread: the bridge's own without its bound (the caller bounds it), an
     application's meter provider without its pull readers (a Prometheus reader collected out of turn serves every
     metric family twice on its next scrape, opentelemetry-python#2500)."""
@@ -207,8 +208,8 @@ class _State:
         self.abandoned: set[int | None] = set()
         #: Bumped whenever the pipeline is replaced, so adapters re-resolve their cached loggers/meters.
         self.generation = [0]
-        self.on_ready: list[Callable[[], Any]] = []
-        self.listeners: list[Callable[[Phase], Any]] = []
+        self.on_ready: list[Callable[[], object]] = []
+        self.listeners: list[Callable[[Phase], object]] = []
 
     def enter(self, phase: Phase, pipeline: Pipeline | None) -> None:
         """The one place the phase changes (called with ``lock`` held)."""
@@ -231,16 +232,15 @@ class _State:
 
 
 state = _State()
-_generation = state.generation
 
 
-def add_listener(listener: Callable[[Phase], Any]) -> None:
+def add_listener(listener: Callable[[Phase], object]) -> None:
     """Call ``listener(phase)`` after every phase change (in the thread that made it; never raises into it)."""
     if listener not in state.listeners:
         state.listeners.append(listener)
 
 
-def remove_listener(listener: Callable[[Phase], Any]) -> None:
+def remove_listener(listener: Callable[[Phase], object]) -> None:
     if listener in state.listeners:
         state.listeners.remove(listener)
 
@@ -250,7 +250,7 @@ def _notify(phase: Phase) -> None:
         _quietly(listener, phase)
 
 
-def _quietly(fn: Callable[..., Any], *args: Any) -> None:
+def _quietly(fn: Callable[..., object], *args: object) -> None:
     try:
         fn(*args)
     except Exception:
@@ -280,12 +280,18 @@ def ready() -> Pipeline | None:
     return current if state.phase is Phase.READY else None
 
 
+def generation() -> int:
+    """How many times the pipeline has changed (built, replaced, shut down, forked): what an adapter holds of the
+    providers (its meter, its instruments, its logger) is made again when this changes (``_export.meters``)."""
+    return state.generation[0]
+
+
 def building() -> bool:
     """A worker's pipeline is being built in the background (records meanwhile are buffered for it)."""
     return state.phase is Phase.BUILDING
 
 
-def when_ready(callback: Callable[[], Any]) -> None:
+def when_ready(callback: Callable[[], object]) -> None:
     """Run ``callback()`` once a pipeline is READY (now, if one is)."""
     with state.lock:
         if state.phase is not Phase.READY:
@@ -338,9 +344,9 @@ def _no_collection() -> Iterator[None]:
     """No cyclic garbage collection while the pipeline is built.
 
     A build creates some 100k objects (the SDK's and the exporters' modules, mostly), which in a process that has
-    imported torch (millions of objects) sets off a full collection: 70-85 ms, as long as the rest of the build
-    (measured on a 2-core machine). Paused for the build (0.1-0.2 s; the main thread collects nothing meanwhile
-    either), the garbage waits for the next collection, which the process's own allocations start. Only where the
+    imported torch (millions of objects) sets off a full collection about as long as the rest of the build
+    (docs/performance.md). Paused for the build (the main thread collects nothing meanwhile either), the garbage
+    waits for the next collection, which the process's own allocations start. Only where the
     collector was on: one the application turned off stays off."""
     if not gc.isenabled():
         yield
@@ -357,7 +363,7 @@ def _noop_pipeline() -> Pipeline:
     return Pipeline(trace.NoOpTracerProvider(), metrics.NoOpMeterProvider(), _logs.NoOpLoggerProvider())
 
 
-def _is_unset(provider: Any) -> bool:
+def _is_unset(provider: object) -> bool:
     """True for the API's proxy providers (nobody has set a global provider yet) and the bridge's placeholders."""
     return isinstance(provider, _placeholders.Placeholder) or _compat.is_proxy_provider(provider)
 
@@ -421,7 +427,7 @@ def _set_global(signal: str, provider: Any) -> Any:
     return _logs.get_logger_provider()
 
 
-def _provider_of(signal: str) -> Any:
+def _provider_of(signal: str) -> object:
     """What a placeholder stands for: the pipeline's provider of ``signal`` (built or waited for)."""
     return get_pipeline().providers()[signal]
 
@@ -438,10 +444,9 @@ def start_building(delay_seconds: float = 0.0, wanted: Callable[[], bool] | None
 
     With ``delay_seconds``, the thread first waits until the pipeline is needed -- asked for (a placeholder's
     first use, :func:`wait_built`), ``wanted()`` (polled: what is buffered outgrew the hand-over), or the delay is
-    over. A worker
-    whose agent sends what it leaves behind (its start span, its final words) defers so: the build's 0.15-0.2 s of
-    CPU, which runs under the GIL beside the script's own imports, is then paid neither by a worker that ends
-    early nor during its start-up.
+    over. A worker whose agent sends what it leaves behind (its start span, its final words) defers so: the build's
+    CPU, which runs under the GIL beside the script's own imports, is then paid neither by a worker that ends early
+    nor during its start-up.
 
     Not with a Prometheus exporter (its endpoint must be serving once ``install()`` returns), nor where no thread
     can start while the interpreter exits (CPython 3.12.0-3.12.1, ``_compat.threads_start_at_exit``: a worker
@@ -472,7 +477,10 @@ NEED_POLL_SECONDS = 0.1
 
 def _build_in_background(delay_seconds: float = 0.0, wanted: Callable[[], bool] | None = None) -> None:
     if _await_need(state.go, delay_seconds, wanted) == "due":
-        _await_imports(state.go, IMPORT_WAIT_SECONDS)
+        if delay_seconds > 0:  # deferred (a worker of a bridged agent): its agent sends what it leaves behind
+            _await_imports(state.go, DEFERRED_IMPORT_WAIT_SECONDS, IMPORT_SETTLE_SECONDS, wanted)
+        else:
+            _await_imports(state.go, IMPORT_WAIT_SECONDS)
     with state.lock:
         if state.phase is not Phase.BUILDING or state.builder is not threading.current_thread():
             return  # abandoned, or setup() / shutdown() came first: nothing to build
@@ -495,9 +503,9 @@ def _yielding() -> Iterator[None]:
 
     The build is CPU-bound Python (imports, mostly); a main thread that keeps releasing the GIL for short native
     calls -- ``init_process_group``'s store round trips, a data loader's reads -- waits up to one switch interval
-    for it after each call. With CPython's 5 ms, a build beside a worker's ``init_process_group`` slowed it by
-    0.4-0.7 s (measured); at 0.5 ms, not measurably. The interval is the process's: it is restored afterwards,
-    unless someone else changed it meanwhile."""
+    for it after each call: with CPython's default a build beside a worker's ``init_process_group`` slows it
+    markedly, with ``BUILD_SWITCH_INTERVAL`` not measurably (docs/performance.md). The interval is the process's: it
+    is restored afterwards, unless someone else changed it meanwhile."""
     previous = sys.getswitchinterval()
     if previous <= BUILD_SWITCH_INTERVAL:
         yield
@@ -530,23 +538,52 @@ def _await_need(go: threading.Event, delay_seconds: float, wanted: Callable[[], 
 #: How long a build that is due waits for the main thread to finish the imports it is in; how often it looks.
 IMPORT_WAIT_SECONDS = 5.0
 IMPORT_POLL_SECONDS = 0.05
+#: How long a deferred build that waited for the main thread's imports waits after them (an import meanwhile starts
+#: it again), and how long it waits for both at most: an ``import torch`` that outlasts ``IMPORT_WAIT_SECONDS``
+#: (a loaded machine, a slow file system, CUDA's libraries) would otherwise get the build beside it. What the
+#: worker records that its agent could not send for it starts the build at once all the same (``wanted``).
+IMPORT_SETTLE_SECONDS = 2.0
+DEFERRED_IMPORT_WAIT_SECONDS = 30.0
 
 
-def _await_imports(go: threading.Event, timeout_seconds: float) -> None:
-    """Wait while the main thread is importing, until ``go`` is set or ``timeout_seconds`` have passed.
+def _await_imports(
+    go: threading.Event,
+    timeout_seconds: float,
+    settle_seconds: float = 0.0,
+    wanted: Callable[[], bool] | None = None,
+) -> None:
+    """Wait while the main thread is importing -- and, where it was, ``settle_seconds`` more without an import --
+    until ``go`` is set, ``wanted()`` holds (or fails) or ``timeout_seconds`` have passed.
 
     Imports are CPU-bound Python, as the build is: side by side under one GIL, each hands it to the other at every
-    file read, and both take longer than one after the other (measured on a 2-core machine: a worker's life with
-    ``import torch`` +0.50 s with the build beside the import, +0.10 s without it; the agent's start-up +0.40 s
-    against +0.20 s). After them, a rank mostly waits in native code (``init_process_group``, collectives, data
-    loading), which leaves the GIL to the build. A script that does all its work inside an import (its training
-    loop at a module's top level) gets its build after ``timeout_seconds`` all the same."""
+    file read, and both take longer than one after the other (docs/performance.md, "Costs that shape the code"). A
+    script's imports are followed by the rest of its start-up -- its model, CUDA's and the process group's
+    initialisation, its first steps: Python on the main thread, on the way to the first step -- so a deferred build
+    waits ``settle_seconds`` more: then a rank mostly waits in native code (collectives, the GPU, data loading), which
+    leaves the GIL to the build; and a rank that ends or fails within them builds nothing (its agent sends what it
+    leaves behind). A script that does all its work inside an import (its training loop at a module's top level) gets
+    its build after ``timeout_seconds`` all the same."""
     deadline = time.monotonic() + timeout_seconds
-    while not go.is_set() and _main_thread_importing():
-        left = deadline - time.monotonic()
-        if left <= 0:
+    quiet_from: float | None = None  # since when the main thread was seen out of imports, having been in one
+    seen = False
+    while not go.is_set():
+        now = time.monotonic()
+        if now >= deadline:
             return
-        go.wait(min(IMPORT_POLL_SECONDS, left))
+        try:
+            if wanted is not None and wanted():
+                return
+        except Exception:
+            return
+        if _main_thread_importing():
+            seen, quiet_from = True, None
+        elif not seen:
+            return  # not importing when the build became due: it starts now
+        elif quiet_from is None:
+            quiet_from = now
+        if quiet_from is not None and now - quiet_from >= settle_seconds:
+            return
+        go.wait(min(IMPORT_POLL_SECONDS, deadline - now))
 
 
 def _main_thread_importing() -> bool:
@@ -621,7 +658,7 @@ def _rebuild_for_child(current: Pipeline) -> Pipeline:
     """
     try:
         resource = _providers.resource()
-        builders: dict[str, Callable[[], Any]] = {
+        builders: dict[str, Callable[[], object]] = {
             "traces": lambda: _providers.build_tracer_provider(resource),
             "metrics": lambda: _providers.build_meter_provider(resource, pull=False),
             "logs": lambda: _providers.build_logger_provider(resource),
@@ -652,7 +689,11 @@ def forked() -> bool:
 # ---- the public calls ----------------------------------------------------------------------------------------------
 
 
-def setup(tracer_provider: Any = None, meter_provider: Any = None, logger_provider: Any = None) -> Pipeline:
+def setup(
+    tracer_provider: trace.TracerProvider | None = None,
+    meter_provider: metrics.MeterProvider | None = None,
+    logger_provider: _logs.LoggerProvider | None = None,
+) -> Pipeline:
     """Use these providers explicitly (``None``: the global one, or one built from ``OTEL_*`` if none is set).
 
     Call it before the first event or metric. It replaces the bridge's pipeline, never the global providers the

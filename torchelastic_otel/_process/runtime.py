@@ -131,7 +131,7 @@ def _flush_at_multiprocessing_exit() -> None:
         return
     _hooks.multiprocessing_hooked = True  # inherited by this process's children, as is the registration below
 
-    def register(_token: Any) -> None:
+    def register(_token: object) -> None:
         util.Finalize(None, at_exit, exitpriority=0)
 
     util.register_after_fork(_fork_token, register)
@@ -192,7 +192,7 @@ def uninstall_sigterm() -> None:
     _signals.uninstall()
 
 
-def sigterm_in_c(dump: Any) -> bool:
+def sigterm_in_c(dump: object) -> bool:
     """While the main thread cannot run Python: SIGTERM writes the stacks to ``dump`` and ends the process at once
     (``_process.signals.enter_native``); only for a process with nothing of its own to flush. ``False`` where the
     watcher stays in charge."""
@@ -238,8 +238,8 @@ def remove_unbuilt_exit_hook(hook: Callable[[], bool]) -> None:
 def _wait_for_build() -> None:
     """Among ``threading``'s exit hooks: a build in progress finishes while threads can still be started -- unless
     what the build would send can go another way (a worker's span and its buffered log records, to its agent:
-    the hooks): then the process does not wait for it (a short-lived worker would pay the build, some 0.1-0.5 s,
-    at every exit). Buffered metric values wait for the build."""
+    the hooks): then the process does not wait for it (a short-lived worker would pay the build at every exit).
+    Buffered metric values wait for the build."""
     if _drainer.can_hand_over() and _hand_over_instead_of_build(None):
         return
     pipeline.wait_built(EXIT_TIMEOUT_MILLIS / 1000)
@@ -265,7 +265,7 @@ def _hand_over_instead_of_build(lock_timeout: float | None) -> bool:
     return handed and not _drainer.pending()
 
 
-def install(_phase: Any = None) -> None:
+def install(_phase: object = None) -> None:
     """Register the exit handlers (once per process; a listener of the pipeline's phase changes)."""
     if _hooks.installed:
         return

@@ -19,11 +19,11 @@ Then:
 - a handler was installed after ours (it replaced ours): it is the application's to run; the watcher only
   delivered the telemetry.
 
-One stretch is different: while the main thread holds the GIL in native code for long -- loading torch's C++
-libraries at ``import torch``, 0.1-0.3 s -- neither the watcher nor the handler can run, and a SIGTERM would wait
-for the load to end. For such a stretch (:func:`enter_native` / :func:`leave_native`, a worker's ``import torch``)
-the signal is handled in C instead: ``faulthandler`` writes every thread's Python stack to a file and the process
-dies of SIGTERM's default action at once, as without the bridge; the agent turns the file into the record.
+One stretch is different: while the main thread holds the GIL in native code for long -- loading torch's C++ libraries
+at ``import torch`` (docs/performance.md) -- neither the watcher nor the handler can run, and a SIGTERM would wait for
+the load to end. For such a stretch (:func:`enter_native` / :func:`leave_native`, a worker's ``import torch``) the
+signal is handled in C instead: ``faulthandler`` writes every thread's Python stack to a file and the process dies of
+SIGTERM's default action at once, as without the bridge; the agent turns the file into the record.
 
 The wakeup fd is chained too: bytes are forwarded to one that was set before. Forked children keep the handler
 (main-thread path) but not the watcher (``after_fork_in_child``); processes started with exec are unaffected (the
@@ -48,13 +48,15 @@ __all__ = ["install", "uninstall", "installed", "enter_native", "leave_native"]
 
 _logger = logging.getLogger("torchelastic_otel")
 
-OnTerminate = Callable[[_stacks.Stacks], Any]
+OnTerminate = Callable[[_stacks.Stacks], object]
+#: A SIGTERM handler as ``signal.getsignal`` returns it.
+Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 
 class _Watcher:
     """One SIGTERM handler and its watcher thread: installed once per process by :func:`install`."""
 
-    def __init__(self, on_terminate: OnTerminate, bound_millis: int, previous: Any) -> None:
+    def __init__(self, on_terminate: OnTerminate, bound_millis: int, previous: Handler) -> None:
         self.on_terminate = on_terminate
         self.bound = max(0, bound_millis) / 1000
         self.previous = previous

@@ -86,8 +86,8 @@ def user_frame(frame: FrameType | None) -> UserFrame | None:
     importing then (NumPy's, say)."""
     entries = []
     while frame is not None:
-        entries.append(traceback.FrameSummary(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name,
-                                              lookup_line=False))  # fmt: skip
+        code = frame.f_code
+        entries.append(traceback.FrameSummary(code.co_filename, frame.f_lineno, code.co_name, lookup_line=False))
         frame = frame.f_back
     return _user_entry(entries[::-1])
 

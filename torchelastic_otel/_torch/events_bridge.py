@@ -4,9 +4,10 @@
   handler joins torch's destination loggers, so "console" still prints;
 - the "otel" destination exists, so ``torchrun --event-log-handler otel`` works;
 - rendezvous events: torch drops them while "dynamic_rendezvous" is a NullHandler and otherwise walks
-  ``inspect.stack()`` (0.3-0.6 ms a call); either way it first names each after the method recording it with
-  ``get_method_name``, which builds ``inspect.stack()`` twice (0.06-0.10 s a rendezvous round on an agent). The
-  bridge gives the rendezvous module a ``get_method_name`` that reads the same name from the frame, and replaces
+  ``inspect.stack()``, which reads every frame's source lines; either way it first names each after the method
+  recording it with ``get_method_name``, which builds ``inspect.stack()`` twice: time taken from the agent's main
+  thread at every rendezvous round (docs/performance.md, "Costs that shape the code"). The bridge gives the
+  rendezvous module a ``get_method_name`` that reads the same name from the frame, and replaces
   ``construct_and_record_rdzv_event`` in the modules that imported it by name with a frame-based version that
   always exports, and then takes torch's own path: where torch would record the event (its "dynamic_rendezvous"
   handler is not a NullHandler), it calls torch's ``record_rdzv_event`` -- looked up in torch's events module at
@@ -24,8 +25,8 @@ from typing import Any
 
 from torchelastic_otel import _compat
 from torchelastic_otel._torch.patches import Patches
-from torchelastic_otel.events import _make_rdzv_event
 from torchelastic_otel.events import _otel as event_adapter
+from torchelastic_otel.events import make_rdzv_event as _make_rdzv_event
 
 _RDZV_MODULES = (
     "torch.distributed.elastic.events",
@@ -37,24 +38,15 @@ _RDZV_MODULES = (
 def _rdzv_recorder(handler: logging.Handler) -> Callable[..., None]:
     import torch.distributed.elastic.events as torch_events
 
-    def construct_and_record_rdzv_event(
-        run_id: str,
-        message: str,
-        node_state: Any,
-        name: str = "",
-        hostname: str = "",
-        pid: int | None = None,
-        master_endpoint: str = "",
-        local_id: int | None = None,
-        rank: int | None = None,
-    ) -> None:
-        """torch's signature; exports the event to OpenTelemetry, then records it as torch would."""
+    def construct_and_record_rdzv_event(*args: Any, **kwargs: Any) -> None:
+        """torch's function, with its parameters (those of ``events.make_rdzv_event`` after the caller's frame):
+        exports the event to OpenTelemetry, then records it as torch would."""
         try:
-            event = _make_rdzv_event(
-                sys._getframe(1), run_id, message, node_state, name, hostname, pid, master_endpoint, local_id, rank
-            )
+            event = _make_rdzv_event(_compat.caller_frame(1), *args, **kwargs)
             event_adapter.export_event(event)
-        except Exception:  # a rendezvous must never fail because of telemetry
+        except Exception as exc:  # a rendezvous must never fail because of telemetry
+            if isinstance(exc, TypeError) and not _fits(args, kwargs):
+                raise  # a call torch's own function refuses too, as it would
             from torchelastic_otel import _selftelemetry as selftelemetry
 
             selftelemetry.count(selftelemetry.DROPPED, "logs", "rdzv_event_error")
@@ -67,7 +59,18 @@ def _rdzv_recorder(handler: logging.Handler) -> Callable[..., None]:
     return construct_and_record_rdzv_event
 
 
-def _torch_event(torch_events: Any, event: Any) -> Any:
+def _fits(args: tuple[object, ...], kwargs: dict[str, object]) -> bool:
+    """Whether torch's parameters take these arguments (asked only after a ``TypeError``)."""
+    import inspect
+
+    try:
+        inspect.signature(_make_rdzv_event).bind(None, *args, **kwargs)
+    except TypeError:
+        return False
+    return True
+
+
+def _torch_event(torch_events: Any, event: object) -> Any:
     """The bridge's ``RdzvEvent`` as torch's (same fields), which is what torch's ``record_rdzv_event`` is given;
     the bridge's own (same JSON) if torch's no longer takes these fields (counted)."""
     try:
@@ -97,9 +100,9 @@ def install(patches: Patches, handler: logging.Handler, *, import_rendezvous: bo
     """Bridge every torch event destination and the rendezvous events to ``handler`` (an OtelLoggingHandler).
 
     With ``import_rendezvous=False`` (in workers) only the rendezvous modules already imported are patched:
-    importing them costs a worker ~100 ms of start-up for events only an agent records. One imported later still
-    records through the bridge, as it takes ``construct_and_record_rdzv_event`` from torch's (patched) events
-    module.
+    importing them would lengthen every worker's start-up (docs/performance.md) for events only an agent records.
+    One imported later still records through the bridge, as it takes ``construct_and_record_rdzv_event`` from
+    torch's (patched) events module.
     """
     destinations = _compat.torch_event_destinations()
     if destinations is not None:
@@ -127,7 +130,7 @@ def install(patches: Patches, handler: logging.Handler, *, import_rendezvous: bo
 
 def _name_from_frames(patches: Patches, module: Any) -> None:
     """Give ``module`` (torch's dynamic rendezvous) a ``get_method_name`` that reads the frame instead of building
-    ``inspect.stack()`` twice (``_compat.rdzv_method_name``): same event names, 0.06-0.10 s less a round."""
+    ``inspect.stack()`` twice (``_compat.rdzv_method_name``): the same event names, at a fraction of the cost."""
     original = module.get_method_name
     if getattr(original, "__torchelastic_otel__", False):
         return

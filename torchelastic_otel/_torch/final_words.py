@@ -19,13 +19,16 @@ import json
 import logging
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
 from torchelastic_otel import _names as names
 from torchelastic_otel import _settings
 from torchelastic_otel.resource import torchrun_attributes
+
+if TYPE_CHECKING:
+    from torchelastic_otel._export.state import Pipeline
 
 __all__ = ["write", "write_span", "open_for_native_stop", "delivered", "deliver", "DIR_ENV"]
 
@@ -47,7 +50,7 @@ def has_agent() -> bool:
     return bool(_settings.FAILURE_DIR.get())
 
 
-def write(fields: dict[str, Any], ctx: Any = None) -> str | None:
+def write(fields: dict[str, object], ctx: object = None) -> str | None:
     """Keep the log record ``fields`` (``Logger.emit`` keywords, as ``events._otel.to_log_fields`` makes them) and
     the span context of ``ctx`` for the agent; the file's path, or ``None`` (no directory, or it failed)."""
     directory = _settings.FAILURE_DIR.get()
@@ -65,7 +68,7 @@ def write(fields: dict[str, Any], ctx: Any = None) -> str | None:
         return None
 
 
-def _data(fields: dict[str, Any], ctx: Any) -> dict[str, Any]:
+def _data(fields: dict[str, object], ctx: Any) -> dict[str, object]:
     """What a file holds of a record: its fields, the worker's resource and the span context of ``ctx``."""
     data = {key: _plain(value) for key, value in fields.items()}
     data["resource"] = torchrun_attributes()
@@ -76,18 +79,24 @@ def _data(fields: dict[str, Any], ctx: Any) -> dict[str, Any]:
     return data
 
 
-def _span_fields(name: str, start_ns: int | None, end_ns: int, attributes: dict[str, Any]) -> dict[str, Any]:
+def _span_fields(name: str, start_ns: int | None, end_ns: int, attributes: dict[str, object]) -> dict[str, object]:
     return {"span": name, "start": start_ns or end_ns, "end": end_ns, "attributes": dict(attributes)}
 
 
-def write_span(name: str, start_ns: int | None, end_ns: int, attributes: dict[str, Any], ctx: Any = None) -> str | None:
+def write_span(
+    name: str, start_ns: int | None, end_ns: int, attributes: dict[str, Any], ctx: object = None
+) -> str | None:
     """Keep a span of the worker's (its ``torchelastic.worker.start``, when it exits before its pipeline was
     built) for the agent to send; the file's path, or ``None``."""
     return write(_span_fields(name, start_ns, end_ns, attributes), ctx)
 
 
-def open_for_native_stop(metadata: dict[str, Any], ctx: Any, span: tuple[str, int | None, int, dict[str, Any]] | None,
-                         thread_names: dict[int, str]) -> tuple[str, Any] | None:  # fmt: skip
+def open_for_native_stop(
+    metadata: dict[str, object],
+    ctx: object,
+    span: tuple[str, int | None, int, dict[str, object]] | None,
+    thread_names: dict[int, str],
+) -> tuple[str, object] | None:
     """A file for the stacks ``faulthandler`` writes if SIGTERM lands while the main thread cannot run Python
     (``_process.signals.enter_native``), and what the agent makes of it then: its first line holds the terminated
     record's ``metadata``, the worker's trace context, its start span (``span``: name, start, end, attributes)
@@ -118,7 +127,7 @@ def open_for_native_stop(metadata: dict[str, Any], ctx: Any, span: tuple[str, in
         return None
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """What JSON holds: a severity enum as its number."""
     number = getattr(value, "value", None)
     return number if isinstance(number, int) and not isinstance(value, (bool, int)) else value
@@ -136,7 +145,7 @@ def delivered(path: str | None) -> None:
 # ---- agent side -----------------------------------------------------------------------------------------------
 
 
-def deliver(directory: str | None, current: Any) -> int:
+def deliver(directory: str | None, current: Pipeline) -> int:
     """Send the final words the workers of ``directory`` left behind through the agent's pipeline ``current``,
     each under its worker's resource, and remove them; how many were sent. Never raises (a damaged file is removed
     and counted)."""
@@ -144,8 +153,14 @@ def deliver(directory: str | None, current: Any) -> int:
         return 0
     sources = _Sources(current)
     try:
-        files = sorted(name for name in os.listdir(directory) if name.startswith(_PREFIX) and name.endswith(".json")
-                       or name.startswith(_NATIVE_PREFIX) and name.endswith(".stacks"))  # fmt: skip
+        files = sorted(
+            name
+            for name in os.listdir(directory)
+            if name.startswith(_PREFIX)
+            and name.endswith(".json")
+            or name.startswith(_NATIVE_PREFIX)
+            and name.endswith(".stacks")
+        )
     except OSError:
         return 0
     sent = 0
@@ -166,11 +181,11 @@ def deliver(directory: str | None, current: Any) -> int:
 class _Sources:
     """The agent's logger, tracer and logging handler for each worker resource (made once, for one delivery)."""
 
-    def __init__(self, current: Any) -> None:
+    def __init__(self, current: Pipeline) -> None:
         self.current = current
-        self.made: dict[Any, dict[str, Any]] = {}
+        self.made: dict[object, dict[str, object]] = {}
 
-    def _for(self, resource: Any) -> dict[str, Any]:
+    def _for(self, resource: object) -> dict[str, object]:
         attributes = resource if isinstance(resource, dict) else {}
         key = tuple(sorted((str(k), repr(v)) for k, v in attributes.items()))
         if key not in self.made:
@@ -186,11 +201,11 @@ class _Sources:
             }
         return self.made[key]
 
-    def get(self, resource: Any) -> tuple[Any, Any]:
+    def get(self, resource: object) -> tuple[Any, Any]:
         made = self._for(resource)
         return made["logger"], made["tracer"]
 
-    def logging_handler(self, resource: Any) -> Any:
+    def logging_handler(self, resource: object) -> Any:
         """OpenTelemetry's logging handler for a worker's resource (the worker's Python log records)."""
         made = self._for(resource)
         if "handler" not in made:
@@ -223,7 +238,7 @@ def _send_native(path: str, sources: _Sources) -> int:
     return sent
 
 
-def _native_terminated(head: dict[str, Any], stacks: Any, stopped_ns: int) -> dict[str, Any]:
+def _native_terminated(head: dict[str, Any], stacks: Any, stopped_ns: int) -> dict[str, object]:
     """The terminated record the worker would have sent (``_torch.worker.hooks``), from what the file holds."""
     from torchelastic_otel.events import _otel as event_adapter
     from torchelastic_otel.events.api import Event, EventSource
@@ -235,8 +250,9 @@ def _native_terminated(head: dict[str, Any], stacks: Any, stopped_ns: int) -> di
     fields = event_adapter.to_log_fields(event)
     frame = stacks.user_frame
     if frame is not None:
-        fields["attributes"].update({"code.file.path": frame.path, "code.line.number": frame.line,
-                                     "code.function.name": frame.function})  # fmt: skip
+        fields["attributes"].update(
+            {"code.file.path": frame.path, "code.line.number": frame.line, "code.function.name": frame.function}
+        )
     record = dict(head.get("record") or {})
     record.update({key: _plain(value) for key, value in fields.items()})
     return record
@@ -248,7 +264,7 @@ def _send(path: str, sources: _Sources) -> int:
     return _send_data(data, sources)
 
 
-def _send_data(data: Any, sources: _Sources) -> int:
+def _send_data(data: object, sources: _Sources) -> int:
     if not isinstance(data, dict) or not isinstance(data.get("attributes"), dict):
         raise ValueError("not a record")
     logger, tracer = sources.get(data.get("resource"))
@@ -266,8 +282,9 @@ def _send_data(data: Any, sources: _Sources) -> int:
             otel_context.detach(token)
         return 1
     if "span" in data:
-        span = tracer.start_span(str(data["span"]), context=_context(data), start_time=_int(data.get("start")),
-                                 attributes=attributes)  # fmt: skip
+        span = tracer.start_span(
+            str(data["span"]), context=_context(data), start_time=_int(data.get("start")), attributes=attributes
+        )
         span.end(end_time=_int(data.get("end")))
         return 1
     from opentelemetry._logs import SeverityNumber
@@ -285,7 +302,7 @@ def _send_data(data: Any, sources: _Sources) -> int:
     return 1
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 

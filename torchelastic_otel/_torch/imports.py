@@ -1,9 +1,10 @@
 """Post-import hooks: run a callback once a module has been imported, without importing it (and callbacks around
 a module's import: :func:`around`).
 
-A worker must not pay for torch's import (~1 s) when its script never imports torch, yet torch's events and
-metrics modules must be bridged as soon as the script imports them. :func:`when_imported` does that: at once if
-the module is imported already, else right after the module's code has run, in the thread that imports it.
+A worker must not pay for torch's import (most of a worker's start-up: docs/performance.md) when its script never
+imports torch, yet torch's events and metrics modules must be bridged as soon as the script imports them.
+:func:`when_imported` does that: at once if the module is imported already, else right after the module's code has run,
+in the thread that imports it.
 
 How: a finder at the front of ``sys.meta_path`` answers only for the module names that have a callback pending.
 It asks the other finders for the module's spec (so the module is found exactly as without it) and wraps the
@@ -16,8 +17,9 @@ Limits: a module imported by a finder placed in front of this one later (another
 answers for the same name) runs no callback; a module passed to :func:`when_imported` while its own code is still
 running (a call made from inside its import) gets the callback at once, partly initialised.
 
-Kept free of the rest of the bridge (builtin modules only: no ``importlib.abc``, ~50 ms; no ``__future__``):
-processes that only inherit a worker's environment import it at start-up.
+Kept free of the rest of the bridge (builtin modules only: not even ``importlib.abc`` or ``__future__``, whose
+imports cost more than all this module does: docs/performance.md): processes that only inherit a worker's
+environment import it at start-up.
 """
 
 import _thread
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    Callback = Callable[[ModuleType], Any]
+    Callback = Callable[[ModuleType], object]
 
 __all__ = ["when_imported", "cancel", "pending", "around"]
 

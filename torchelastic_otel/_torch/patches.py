@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 _MISSING = object()
 
@@ -12,9 +11,9 @@ class Patches:
     """A stack of undo actions; :meth:`restore` runs them in reverse order."""
 
     def __init__(self) -> None:
-        self._undo: list[Callable[[], None]] = []
+        self._undo: list[Callable[[], object]] = []
 
-    def set(self, owner: Any, name: str, value: Any) -> Any:
+    def set(self, owner: object, name: str, value: object) -> object:
         """Replace ``owner.name`` (``owner[name]`` for a dict) with ``value``; returns what was there."""
         if isinstance(owner, dict):
             original = dict.get(owner, name, _MISSING) if dict.__contains__(owner, name) else _MISSING
@@ -44,7 +43,7 @@ class Patches:
         self._undo.append(undo)
         return None if original is _MISSING else original
 
-    def on_restore(self, undo: Callable[[], None]) -> None:
+    def on_restore(self, undo: Callable[[], object]) -> None:
         """Register an arbitrary undo action."""
         self._undo.append(undo)
 

@@ -33,6 +33,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 from torchelastic_otel import _names as names
@@ -62,10 +63,12 @@ PEER_LOSS_WINDOW_NS = 10 * 1_000_000_000
 _PEER_LOSS_TYPES = frozenset({"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
 #: A CUDA out-of-memory error's figures in the failure file (``cuda_memory``), and their root-cause attributes.
 CUDA_MEMORY_KEYS = {
-    "device": names.ROOT_CAUSE_CUDA_DEVICE, "allocated": names.ROOT_CAUSE_CUDA_ALLOCATED,
-    "reserved": names.ROOT_CAUSE_CUDA_RESERVED, "peak": names.ROOT_CAUSE_CUDA_PEAK,
+    "device": names.ROOT_CAUSE_CUDA_DEVICE,
+    "allocated": names.ROOT_CAUSE_CUDA_ALLOCATED,
+    "reserved": names.ROOT_CAUSE_CUDA_RESERVED,
+    "peak": names.ROOT_CAUSE_CUDA_PEAK,
     "total": names.ROOT_CAUSE_CUDA_TOTAL,
-}  # fmt: skip
+}
 _MAX_BYTES = 1 << 62  # no device holds more: a larger figure is not one
 _PEER_LOSS_MARKERS = (
     "Connection closed by peer",
@@ -159,7 +162,10 @@ def discard_failure_dir() -> None:
 
 
 def write_failure(
-    exc_type: type[BaseException], exc: BaseException, tb: Any, cuda_memory: dict[str, int] | None = None
+    exc_type: type[BaseException],
+    exc: BaseException,
+    tb: TracebackType | None,
+    cuda_memory: dict[str, int] | None = None,
 ) -> None:
     """In a worker, on an uncaught exception: write its type, message, traceback and time for the agent, and for a
     CUDA out-of-memory error the allocator's figures (``cuda_memory``: ``_torch.worker.memory.oom_figures``).
@@ -200,10 +206,10 @@ def _cut(text: str, keep_end: bool = False) -> str:
 
 
 def find(
-    failures: dict[int, Any],
+    failures: dict[int, object],
     running_ranks: list[int],
     failure_dir: str | None,
-    running_workers: dict[int, Any] | None = None,
+    running_workers: dict[int, object] | None = None,
 ) -> RootCause | None:
     """The first of ``failures`` (torch's ``{global_rank: ProcessFailure}``) by time, with the other failed ranks
     and ``running_ranks`` (stopped by the agent after it) as consequences; ``None`` if there are no failures.
@@ -247,7 +253,7 @@ def _lost_a_peer(cause: RootCause) -> bool:
     return cause.exception_type is not None and any(marker in message for marker in _PEER_LOSS_MARKERS)
 
 
-def _exiting(running_workers: dict[int, Any], failed: set[int], failure_dir: str | None) -> list[RootCause]:
+def _exiting(running_workers: dict[int, object], failed: set[int], failure_dir: str | None) -> list[RootCause]:
     """The running ranks that have written a failure file: they raised and are on their way out."""
     causes = []
     for rank, worker in running_workers.items():
@@ -269,7 +275,7 @@ def _from_failure_file(cause: RootCause, own: dict[str, Any]) -> RootCause:
     return cause
 
 
-def _cuda_memory(raw: Any) -> dict[str, int] | None:
+def _cuda_memory(raw: object) -> dict[str, int] | None:
     """The figures of the failure file's ``cuda_memory``: the known keys whose value is a non-negative integer
     (a float with no fraction too); anything else is left out and counted. ``None`` without a device."""
     if raw is None:
@@ -289,7 +295,7 @@ def _cuda_memory(raw: Any) -> dict[str, int] | None:
     return out if "device" in out else None
 
 
-def _cause(rank: int, failure: Any, failure_dir: str | None, observed_ns: int) -> RootCause:
+def _cause(rank: int, failure: object, failure_dir: str | None, observed_ns: int) -> RootCause:
     pid = _int_or_none(getattr(failure, "pid", None))
     exit_code = _int_or_none(getattr(failure, "exitcode", None))
     cause = RootCause(rank, _int_or_none(getattr(failure, "local_rank", None)), pid, observed_ns, "exit_observed")
@@ -304,7 +310,7 @@ def _cause(rank: int, failure: Any, failure_dir: str | None, observed_ns: int) -
     return cause
 
 
-def _from_error_file(cause: RootCause, failure: Any) -> None:
+def _from_error_file(cause: RootCause, failure: object) -> None:
     """torch's error file (a script decorated with ``@record``): its timestamp (whole seconds) and the exception,
     read as the event mapping reads it (``events._otel.parse_error``)."""
     if getattr(failure, "error_file", _NOT_AVAILABLE) in ("", _NOT_AVAILABLE):
@@ -322,7 +328,7 @@ def _from_error_file(cause: RootCause, failure: Any) -> None:
     cause.exception_stacktrace = _cut(stack, keep_end=True) if stack else None
 
 
-def _read_failure(failure_dir: str | None, pid: int | None) -> dict[str, Any] | None:
+def _read_failure(failure_dir: str | None, pid: int | None) -> dict[str, object] | None:
     if not failure_dir or pid is None:
         return None
     try:
@@ -349,9 +355,9 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
-def attributes(cause: RootCause) -> dict[str, Any]:
+def attributes(cause: RootCause) -> dict[str, object]:
     """The root cause as OpenTelemetry attributes (semantic conventions where there is one)."""
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         names.ROOT_CAUSE_RANK: cause.rank,
         names.ROOT_CAUSE_TIME_UNIX_NANO: cause.time_unix_nano,
         names.ROOT_CAUSE_TIME_SOURCE: cause.time_source,

@@ -7,6 +7,7 @@ can hand a descendant's post-import hook here without importing the installer ab
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any
@@ -53,11 +54,11 @@ class TorchBridge:
     (logged and counted), never raised into the script's import.
     """
 
-    def __init__(self, patches: Any, *, import_rendezvous: bool) -> None:
+    def __init__(self, patches: Patches, *, import_rendezvous: bool) -> None:
         self.patches = patches
         self.import_rendezvous = import_rendezvous
         self.active = True
-        self._metric_handler: Any = None
+        self._metric_handler: object = None
 
     def metric_handler(self) -> Any:
         if self._metric_handler is None:
@@ -66,7 +67,7 @@ class TorchBridge:
             self._metric_handler = OtelMetricHandler()
         return self._metric_handler
 
-    def bridge(self, patches: Any, name: str) -> None:
+    def bridge(self, patches: Patches, name: str) -> None:
         if name == TORCH_METRICS:
             from torchelastic_otel._torch import metrics_bridge
 
@@ -87,7 +88,7 @@ class TorchBridge:
         pipeline.prepare()  # the bridge's global providers now, as the handlers' construction would make them
         for name in (TORCH_METRICS, TORCH_EVENTS):
             imports.when_imported(name, self._on_import)
-            self.patches.on_restore(lambda name=name: imports.cancel(name, self._on_import))
+            self.patches.on_restore(functools.partial(imports.cancel, name, self._on_import))
         self.patches.on_restore(self._deactivate)
 
     def _deactivate(self) -> None:
@@ -105,8 +106,9 @@ class TorchBridge:
             from torchelastic_otel import _selftelemetry as selftelemetry
 
             selftelemetry.count(selftelemetry.FALLBACK, "all", "torch_module_not_bridged")
-            _logger.warning("torchelastic_otel: %s not bridged, left as it was: %s", module.__name__, exc,
-                            exc_info=True)  # fmt: skip
+            _logger.warning(
+                "torchelastic_otel: %s not bridged, left as it was: %s", module.__name__, exc, exc_info=True
+            )
             return
         self.patches.on_restore(changes.restore)
 

@@ -54,6 +54,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from torchelastic_otel._torch.patches import Patches
+
 __all__ = [
     "is_torchrun_worker",
     "worker_metadata",
@@ -165,6 +167,23 @@ BRIDGE_API_MODULES = ("torchelastic_otel.pipeline",)
 TORCH_MODULES = ("torch.distributed.elastic.metrics", "torch.distributed.elastic.events")
 
 
+def span_parent() -> "Any":
+    """The context a worker's own span belongs in (a checkpoint, a framework's phase): the agent's attempt
+    (:func:`agent_context`), or the current context where its span belongs to the attempt's trace (a span of the
+    user's own around the call); the current context where there is no agent."""
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
+    current = otel_context.get_current()
+    agent = agent_context()
+    if agent is None:
+        return current
+    span_context = trace.get_current_span(current).get_span_context()
+    if span_context.is_valid and span_context.trace_id == trace.get_current_span(agent).get_span_context().trace_id:
+        return current
+    return agent
+
+
 def join_lazily() -> None:
     """A descendant (or other process that inherited a bridged environment) joins its worker's telemetry on first
     use only (see above). Costs two dict entries and a finder now; idempotent."""
@@ -218,13 +237,13 @@ def worker_metadata() -> "dict[str, Any]":
 #: workers start (``worker_environ``), so a process that launches in-process keeps its environment as it was.
 
 
-def prepend_env_path(patches: "Any", var: str, entry: str) -> None:
+def prepend_env_path(patches: "Patches", var: str, entry: str) -> None:
     """The workers get ``entry`` first on the path list ``var`` (their own value of it, from this process's)."""
     _process.for_workers[var] = (entry, True)
     patches.on_restore(lambda: _process.for_workers.pop(var, None))
 
 
-def set_env(patches: "Any", var: str, value: str) -> None:
+def set_env(patches: "Patches", var: str, value: str) -> None:
     """The workers get ``var=value``."""
     _process.for_workers[var] = (value, False)
     patches.on_restore(lambda: _process.for_workers.pop(var, None))

@@ -15,14 +15,15 @@ too; ``record`` tells the two signatures apart by its first argument.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
 import socket
-import sys
 import traceback
 from collections.abc import Iterator
-from typing import Any
+from types import FrameType
 
+from torchelastic_otel import _compat
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export.attributes import safe_str
 from torchelastic_otel.events import api, handlers
@@ -37,7 +38,7 @@ from torchelastic_otel.events.api import (  # noqa: F401
     NodeState,
     NullEventHandler,
     RdzvEvent,
-    _legacy_default,
+    _legacy_default,  # the legacy API's routing, for code that reads it here
     _legacy_handlers,
     configure,
     record_event,
@@ -121,13 +122,16 @@ def _record_to(event: Event | RdzvEvent, destination: str) -> None:
                 handler.handle(record)
 
 
-_UNSET: Any = object()
+class _Unset(enum.Enum):
+    """No ``destination`` given: ``"null"`` in torch's form, the default event type in the legacy one."""
+
+    UNSET = enum.auto()
 
 
 def record(
     event: Event | RdzvEvent | str | None = None,
-    destination: str = _UNSET,
-    metadata: dict[str, Any] | None = None,
+    destination: str | _Unset = _Unset.UNSET,
+    metadata: dict[str, EventMetadataValue] | None = None,
     *,
     event_name: str | None = None,
     event_type: str | None = None,
@@ -140,11 +144,11 @@ def record(
     the legacy form: the event goes to the handler configured for ``event_type`` (default ``torchelastic``).
     """
     if isinstance(event, (Event, RdzvEvent)) or (not isinstance(event, str) and hasattr(event, "serialize")):
-        _record_to(event, "null" if destination is _UNSET else destination)  # type: ignore[arg-type]
+        _record_to(event, "null" if destination is _Unset.UNSET else destination)  # type: ignore[arg-type]
         return
     name = event_name if event_name is not None else event
     if event_type is None:
-        event_type = DEFAULT_EVENT_TYPE if destination is _UNSET else destination
+        event_type = DEFAULT_EVENT_TYPE if destination is _Unset.UNSET else destination
     if not isinstance(name, str):
         selftelemetry.count(selftelemetry.SANITIZED, "logs", "event_name_not_str")
         name = "" if name is None else safe_str(name)
@@ -173,22 +177,19 @@ def construct_and_record_rdzv_event(
     """Build and record a rendezvous event, exactly as torch's function does.
 
     Skipped while the "dynamic_rendezvous" handler is a ``logging.NullHandler`` (as in torch). The caller's file and
-    function come from ``sys._getframe(1)``, not ``inspect.stack()``, which reads every frame's source lines and
-    costs 0.3-0.6 ms a call.
+    function come from its frame (``_compat.caller_frame``), not from ``inspect.stack()``, which reads every frame's
+    source lines.
     """
     if isinstance(get_logging_handler("dynamic_rendezvous"), logging.NullHandler):
         return
-    try:
-        caller = sys._getframe(1)
-    except ValueError:
-        caller = None
-    event = _make_rdzv_event(caller, run_id, message, node_state, name, hostname, pid, master_endpoint, local_id, rank)
+    caller = _compat.caller_frame(1)
+    event = make_rdzv_event(caller, run_id, message, node_state, name, hostname, pid, master_endpoint, local_id, rank)
     del caller
     record_rdzv_event(event)
 
 
-def _make_rdzv_event(
-    caller: Any,
+def make_rdzv_event(  # torch's parameters, after the caller's frame
+    caller: FrameType | None,
     run_id: str,
     message: str,
     node_state: NodeState,
@@ -240,18 +241,13 @@ def _state_restored() -> Iterator[None]:
     """Run a block (a test) and put the API's process-wide routing back as it was: the legacy API's handlers, the
     destinations' logging handlers, and the per-destination loggers (forgotten before and after, with their
     handlers detached, so the next record builds them afresh). The module keeps torch's names for this state
-    (``_log_handlers``, ``_events_loggers``), so this is the one place that knows all of it."""
-    saved = (dict(api._legacy_handlers), list(api._legacy_default), dict(handlers._log_handlers))
-    _forget_loggers()
-    try:
-        yield
-    finally:
-        api._legacy_handlers.clear()
-        api._legacy_handlers.update(saved[0])
-        api._legacy_default[:] = saved[1]
-        handlers._log_handlers.clear()
-        handlers._log_handlers.update(saved[2])
+    (``_log_handlers``, ``_events_loggers``)."""
+    with api.legacy_routing_restored(), handlers.destinations_restored():
         _forget_loggers()
+        try:
+            yield
+        finally:
+            _forget_loggers()
 
 
 def _forget_loggers() -> None:

@@ -27,16 +27,20 @@ import logging
 import time
 from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import context, trace
-from opentelemetry._logs import NoOpLogger, SeverityNumber
+from opentelemetry._logs import Logger, NoOpLogger, SeverityNumber
+from opentelemetry.context import Context
+from opentelemetry.util.types import AnyValue
 
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import pipeline
 from torchelastic_otel._export import attributes as _attributes
 from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._export.meters import PerPipeline
+from torchelastic_otel.events import api
 from torchelastic_otel.events.api import Event, EventHandler, RdzvEvent
 from torchelastic_otel.version import __version__
 
@@ -60,6 +64,13 @@ _SEVERITY = {
 }
 _INFO = (SeverityNumber.INFO, "INFO")
 
+_Event = TypeVar("_Event", bound="Event | RdzvEvent")
+#: The keyword arguments of OpenTelemetry's ``Logger.emit`` for one event (:func:`to_log_fields`): each keyword of
+#: its own type, handed on as they are (``_export.drainer``'s hand-over, the final words).
+LogFields = dict[str, Any]
+#: A buffered event: a copy of it, or its log record fields when they were made at once; when; the caller's context.
+_Pending = tuple[Event | RdzvEvent, None, int, Context] | tuple[None, LogFields, int, Context]
+
 
 def _is_rdzv(event: object) -> TypeIs[RdzvEvent]:
     """A rendezvous event: ours, or one of the same shape (e.g. torch's own ``RdzvEvent`` handed to ``record``).
@@ -80,15 +91,15 @@ def _state_of(event: Event | RdzvEvent) -> str:
     return name[len(_STATUS_PREFIX) :] if name.startswith(_STATUS_PREFIX) else ""
 
 
-def parse_error(error: Any) -> tuple[str | None, str | None, str | None] | None:
+def parse_error(error: object) -> tuple[str | None, str | None, str | None] | None:
     """``(type, message, stacktrace)`` of torch's error-file JSON (``{"message": {"message": "Type: text",
     "extraInfo": {"py_callstack": ...}}}``, as text) or of a traceback, uncut; ``None`` when there is nothing to
     report (``"{}"``: torch found no error file). Shared by the event mapping and the agent's root cause."""
     if error is None or error == "":
         return None
     text = _attributes.safe_str(error)
-    message: Any = None
-    stack: Any = None
+    raw_message: object = None
+    stack: object = None
     try:
         data = json.loads(text)
     except (ValueError, TypeError, RecursionError):
@@ -96,27 +107,27 @@ def parse_error(error: Any) -> tuple[str | None, str | None, str | None] | None:
     if isinstance(data, dict):
         inner = data.get("message", data)
         if isinstance(inner, dict):
-            message = inner.get("message")
+            raw_message = inner.get("message")
             extra = inner.get("extraInfo")
             stack = extra.get("py_callstack") if isinstance(extra, dict) else None
         else:
-            message = inner
-        if not message and not stack:
+            raw_message = inner
+        if not raw_message and not stack:
             return None
     else:
         stack = text
         lines = [line for line in text.strip().splitlines() if line.strip()]
-        message = lines[-1].strip() if lines else text
+        raw_message = lines[-1].strip() if lines else text
     kind = None
+    message = None if raw_message is None else _attributes.safe_str(raw_message)
     if message is not None:
-        message = _attributes.safe_str(message)
         head, sep, rest = message.partition(": ")
         if sep and head.replace(".", "").replace("_", "").isalnum() and " " not in head:
             kind, message = head, rest
     return kind, message, (_attributes.safe_str(stack) if stack else None)
 
 
-def _exception_attributes(error: Any, out: dict[str, Any]) -> None:
+def _exception_attributes(error: object, out: dict[str, AnyValue]) -> None:
     """Fill ``exception.*`` from torch's error-file JSON or a traceback (:func:`parse_error`)."""
     parsed = parse_error(error)
     if parsed is None:
@@ -130,11 +141,11 @@ def _exception_attributes(error: Any, out: dict[str, Any]) -> None:
         out["exception.stacktrace"] = _attributes.attribute_value(stack)
 
 
-def _event_attributes(event: Event) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _event_attributes(event: Event) -> dict[str, AnyValue]:
+    out: dict[str, AnyValue] = {}
     if event.source is not None:
         out[PREFIX + "source"] = _attributes.attribute_value(event.source)
-    legacy_type = getattr(event, "_type", None)
+    legacy_type = api.legacy_type(event)
     if legacy_type is not None:
         out[PREFIX + "event_type"] = _attributes.attribute_value(legacy_type)
     metadata = event.metadata
@@ -157,7 +168,7 @@ def _event_attributes(event: Event) -> dict[str, Any]:
 _TORCH_PACKED = frozenset(("raw_error", "metadata"))
 
 
-def _nested_metadata(value: Any, out: dict[str, Any]) -> None:
+def _nested_metadata(value: object, out: dict[str, AnyValue]) -> None:
     """torch packs worker details into a JSON string with 1-element lists; make them plain attributes."""
     if value is None:
         return
@@ -173,8 +184,8 @@ def _nested_metadata(value: Any, out: dict[str, Any]) -> None:
     _attributes.flatten(parsed, PREFIX + "metadata.", out, unwrap=True)
 
 
-def _rdzv_attributes(event: RdzvEvent) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _rdzv_attributes(event: RdzvEvent) -> dict[str, AnyValue]:
+    out: dict[str, AnyValue] = {}
     fields = {
         "run_id": event.run_id,
         "hostname": event.hostname,
@@ -190,7 +201,7 @@ def _rdzv_attributes(event: RdzvEvent) -> dict[str, Any]:
     return out
 
 
-def to_log_fields(event: Event | RdzvEvent, now: int | None = None) -> dict[str, Any]:
+def to_log_fields(event: Event | RdzvEvent, now: int | None = None) -> LogFields:
     """The log record fields of ``event`` (keyword arguments of ``Logger.emit``), without trace context.
 
     ``now`` (ns) is when the event was recorded; default: now.
@@ -202,7 +213,7 @@ def to_log_fields(event: Event | RdzvEvent, now: int | None = None) -> dict[str,
     else:
         attributes = _event_attributes(event)
         body = _attributes.safe_str(event.name)
-        kind = "legacy" if getattr(event, "_type", None) is not None and event.source is None else "event"
+        kind = "legacy" if api.legacy_type(event) is not None and event.source is None else "event"
     attributes[PREFIX + "event.kind"] = kind
     severity_number, severity_text = _SEVERITY.get(_state_of(event), _INFO)
     timestamp_ms = getattr(event, "timestamp", 0)
@@ -229,18 +240,15 @@ def to_log_fields(event: Event | RdzvEvent, now: int | None = None) -> dict[str,
 
 
 class _Emitter:
-    """Holds the OTel logger of the current pipeline; re-resolved when the pipeline changes."""
+    """The OTel logger of the current pipeline (made again when the pipeline changes: ``_export.meters``)."""
 
     def __init__(self) -> None:
-        self._generation = -1
-        self._logger: Any = None
+        self._logger: PerPipeline[Logger] = PerPipeline(
+            lambda current: current.logger_provider.get_logger(SCOPE, __version__)
+        )
 
-    def logger(self) -> Any:
-        if self._generation != pipeline._generation[0] or self._logger is None:
-            provider = pipeline.get_pipeline().logger_provider
-            self._logger = provider.get_logger(SCOPE, __version__)
-            self._generation = pipeline._generation[0]
-        return self._logger
+    def logger(self) -> Logger:
+        return self._logger.get()
 
 
 _emitter = _Emitter()
@@ -250,20 +258,20 @@ _emitter = _Emitter()
 DEFAULT_MAX_PENDING = 65536
 
 
-def _snapshot(event: Any) -> Any:
+def _snapshot(event: _Event) -> _Event:
     """A copy whose metadata dict the caller can no longer change before the event is converted."""
     copy = object.__new__(type(event))
     copy.__dict__.update(event.__dict__)
     metadata = copy.__dict__.get("metadata")
     if type(metadata) is dict:
-        copy.metadata = dict(metadata)
+        copy.__dict__["metadata"] = dict(metadata)
     return copy
 
 
 class _EventBuffer(_drainer.Buffer):
     """Events on their way to the SDK's ``Logger.emit``.
 
-    The SDK's record construction alone costs about half of torch's whole null ``record``, so the caller only
+    The SDK's record construction alone costs a good part of torch's whole null ``record``, so the caller only
     appends ``(event, time, context)`` here; the drainer (``torchelastic_otel._export.drainer``) converts and emits them
     off the caller's thread, and every flush drains first. The caller's context is kept, so each record still
     carries the trace and span ids that were current when the event was recorded.
@@ -275,7 +283,7 @@ class _EventBuffer(_drainer.Buffer):
         super().__init__(max_pending)
         _drainer.register(self)
 
-    def submit(self, item: tuple) -> None:
+    def submit(self, item: _Pending) -> None:
         pending = self._pending
         if len(pending) < self.max_pending:
             pending.append(item)
@@ -308,21 +316,22 @@ class _EventBuffer(_drainer.Buffer):
                     _logger.debug("torchelastic_otel: event dropped: %s", exc, exc_info=True)
             return emitted
 
-    def hand_over(self, keep: Callable[[dict[str, Any], Any], Any]) -> bool:
+    def hand_over(self, keep: Callable[[LogFields, Context], object]) -> bool:
         """An exit before the pipeline was built: each buffered event, as log record fields, to ``keep(fields,
         ctx)`` (``_export.drainer.hand_over_all``); ``True`` if every one was kept."""
         return self._hand_over_items(keep, _portable_event)
 
 
-def _portable_event(item: tuple[Any, Any, Any, Any]) -> tuple[dict[str, Any], Any]:
-    event, fields, now, ctx = item
-    return (fields if fields is not None else to_log_fields(event, now)), ctx
+def _portable_event(item: _Pending) -> tuple[LogFields, Context]:
+    if item[1] is not None:
+        return item[1], item[3]
+    return to_log_fields(item[0], item[2]), item[3]
 
 
 _buffer = _EventBuffer()
 
 
-def export_event(event: Event | RdzvEvent, extra_attributes: dict[str, Any] | None = None) -> None:
+def export_event(event: Event | RdzvEvent, extra_attributes: dict[str, AnyValue] | None = None) -> None:
     """Export ``event`` as a log record (buffered) and as a span event on the current recording span (now).
 
     ``extra_attributes`` (valid attribute values) are added outside the ``torchelastic.`` namespace, their strings
@@ -348,7 +357,8 @@ def export_event(event: Event | RdzvEvent, extra_attributes: dict[str, Any] | No
             if recording:
                 span.add_event(fields["event_name"], fields["attributes"], fields["timestamp"])
         if enabled:
-            _buffer.submit((_snapshot(event) if fields is None else None, fields, now, context.get_current()))
+            ctx = context.get_current()
+            _buffer.submit((_snapshot(event), None, now, ctx) if fields is None else (None, fields, now, ctx))
     except Exception as exc:  # telemetry never raises into the job
         selftelemetry.count(selftelemetry.DROPPED, "logs", "conversion_error")
         _logger.debug("torchelastic_otel: event dropped: %s", exc, exc_info=True)

@@ -11,9 +11,10 @@ as ``torchelastic_otel.events.record``, which also takes torch's signature).
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -98,8 +99,8 @@ class Event:
         self,
         name: str,
         source: EventSource | str | None = None,
-        timestamp: Any = 0,
-        metadata: Any = None,
+        timestamp: Any = 0,  # torch's form: ms; the legacy positional form: the metadata (swapped below)
+        metadata: Any = None,  # torch's form: a dict; the legacy positional form: the timestamp
         *,
         type: str | None = None,  # the legacy API's keyword (shadows the builtin here)
         event_type: str | None = None,
@@ -141,6 +142,12 @@ class Event:
         if self._type is not None and self.source is None:
             data["type"] = self._type
         return json.dumps(data)
+
+
+def legacy_type(event: object) -> str | None:
+    """The legacy type ``event`` was built with (``Event(name, type=...)``); ``None`` for torch's form (and for
+    torch's own events)."""
+    return getattr(event, "_type", None)
 
 
 @dataclass
@@ -232,6 +239,19 @@ def record_event(event: Event) -> None:
 
         selftelemetry.count(selftelemetry.DROPPED, "logs", "handler_error")
         logging.getLogger("torchelastic_otel").debug("event handler failed: %s", exc, exc_info=True)
+
+
+@contextlib.contextmanager
+def legacy_routing_restored() -> Iterator[None]:
+    """Run a block (a test) and put the legacy API's routing back as it was: the handler ``configure`` set for each
+    event type, and the default handler."""
+    saved, saved_default = dict(_legacy_handlers), list(_legacy_default)
+    try:
+        yield
+    finally:
+        _legacy_handlers.clear()
+        _legacy_handlers.update(saved)
+        _legacy_default[:] = saved_default
 
 
 #: ``record`` of the legacy ``torchelastic.events.api``: the package's function (torch's form and the legacy one; it

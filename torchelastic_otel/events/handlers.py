@@ -7,7 +7,9 @@ Its handler is created lazily so importing this module never builds a telemetry 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 __all__ = ["get_logging_handler"]
 
@@ -40,3 +42,15 @@ _log_handlers: dict[str, logging.Handler] = _LazyHandlers(
 def get_logging_handler(destination: str = "null") -> logging.Handler:
     """Return the handler of ``destination``; an unknown destination raises ``KeyError`` as torch's does."""
     return _log_handlers[destination]
+
+
+@contextlib.contextmanager
+def destinations_restored() -> Iterator[None]:
+    """Run a block (a test) and put the destinations' handlers back as they were (torch's name for them,
+    ``_log_handlers``, is kept for code written against torch's module)."""
+    saved = dict(_log_handlers)
+    try:
+        yield
+    finally:
+        _log_handlers.clear()
+        _log_handlers.update(saved)

@@ -1,10 +1,11 @@
 """Metric adapter: torchelastic metric streams become OpenTelemetry instruments.
 
-``emit`` is on the job's hot path (torch's agent calls it ~40 times a second, users may call it per step), and an
-SDK instrument call costs ~10x torch's whole null ``put_metric``. So ``emit`` only appends the ``MetricData`` to a
-bounded buffer; the values reach the SDK instruments (chosen by the rule table in :mod:`.rules`) from a background
-drainer (``torchelastic_otel._export.drainer``): every 0.5 s, at the start of every metric collection, and at every
-flush. A full buffer drops the newest value and counts it; nothing blocks the caller.
+``emit`` is on the job's hot path (torch's agent calls it many times a second, users may call it per step), and an
+SDK instrument call costs many times torch's whole null ``put_metric``. So ``emit`` only appends the ``MetricData``
+to a bounded buffer; the values reach the SDK instruments (chosen by the rule table in :mod:`.rules`) from a
+background drainer (``torchelastic_otel._export.drainer``): every ``TORCHELASTIC_OTEL_DRAIN_INTERVAL``, at the start
+of every metric collection, and at every flush. A full buffer drops the newest value and counts it; nothing blocks
+the caller.
 
 A metric's group and name become the instrument name and its attributes; both are made encodable first
 (``_export.attributes.encodable``: lone surrogates become U+FFFD, counted once per distinct stream as
@@ -18,7 +19,9 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, SupportsFloat, cast
+
+from opentelemetry.metrics import Meter, MeterProvider
 
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import pipeline
@@ -39,7 +42,7 @@ _MAX_BINDINGS = 4096
 _INT64 = 2**63
 
 
-def _number(value: Any) -> float | int | None:
+def _number(value: object) -> float | int | None:
     """A finite int/float for ``value`` (bools count as ints), else ``None``."""
     if isinstance(value, bool):
         return int(value)
@@ -59,7 +62,7 @@ def _number(value: Any) -> float | int | None:
             return None
         return number if math.isfinite(number) else None
     try:
-        number = float(value)  # numpy scalars, torch 0-d tensors, Decimals
+        number = float(cast(SupportsFloat, value))  # numpy scalars, torch 0-d tensors, Decimals: float() decides
     except (TypeError, ValueError, OverflowError):
         return None
     except Exception:
@@ -99,7 +102,7 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
 
     def __init__(
         self,
-        meter_provider: Any = None,
+        meter_provider: MeterProvider | None = None,
         rules: list[MetricRule] | tuple[MetricRule, ...] | None = None,
         delegate: MetricHandler | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
@@ -109,8 +112,8 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
         self._meter_provider = meter_provider
         _drainer.Buffer.__init__(self, max_pending)
         self._generation = -1
-        self._meter: Any = None
-        self._instruments: dict[str, Any] = {}
+        self._meter: Meter | None = None
+        self._instruments: dict[str, Any] = {}  # the SDK's instruments by name
         self._bound: dict[tuple[str, str], _Bound] = {}
         # The bridge's providers become the global ones now, before the application starts spans, and the
         # self-telemetry instruments are registered (by the pipeline, when it is built): their collection callback
@@ -140,7 +143,7 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
         """Move buffered values into their instruments, oldest first, until ``deadline`` (``time.monotonic()``) if
         given; returns how many were recorded. Never raises.
 
-        An SDK instrument call costs 10-15 us, and a training loop may put values every step: so the values of one
+        An SDK instrument call is costly, and a training loop may put values every step: so the values of one
         counter are added up and only the last value of a gauge is set, one SDK call per instrument and chunk.
         What an exporter or a scrape sees is the same (a cumulative sum, the last value); histograms still get
         every value.
@@ -160,16 +163,17 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
 
     def _drain_chunk(self, pending: collections.deque[MetricData]) -> int:
         """Record up to ``_CHUNK`` values: counters summed and gauges last-valued per instrument and attributes."""
-        totals: dict[_Bound, Any] = {}
+        totals: dict[_Bound, float] = {}
         recorded = 0
         for _ in range(_CHUNK):
             try:
                 data = pending.popleft()
             except IndexError:
                 break
-            bound, value = self._accept(data)
-            if bound is None:
+            accepted = self._accept(data)
+            if accepted is None:
                 continue
+            bound, value = accepted
             recorded += 1
             if bound.kind == _ADD:
                 totals[bound] = totals.get(bound, 0) + value
@@ -183,8 +187,8 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
             self._call(bound, value)
         return recorded
 
-    def _accept(self, data: MetricData) -> tuple[_Bound | None, Any]:
-        """The instrument binding and the scaled value of ``data``; ``(None, None)`` if it is dropped (counted)."""
+    def _accept(self, data: MetricData) -> tuple[_Bound, float] | None:
+        """The instrument binding and the scaled value of ``data``; ``None`` if it is dropped (counted)."""
         try:
             group, name = data.group_name, data.name
             if type(name) is not str:  # torch accepts any name and group; an unhashable one cannot be a key
@@ -200,18 +204,18 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
             value = _number(data.value)
             if value is None:
                 selftelemetry.count(selftelemetry.DROPPED, "metrics", "non_numeric_value")
-                return None, None
+                return None
             if bound.non_negative and value < 0:
                 selftelemetry.count(selftelemetry.DROPPED, "metrics", "negative_value")
-                return None, None
+                return None
             return bound, (value * bound.scale if bound.scale != 1.0 else value)
         except Exception as exc:
             selftelemetry.count(selftelemetry.DROPPED, "metrics", "record_error")
             _logger.debug("torchelastic_otel: metric dropped: %s", exc, exc_info=True)
-            return None, None
+            return None
 
     @staticmethod
-    def _call(bound: _Bound, value: Any) -> None:
+    def _call(bound: _Bound, value: float) -> None:
         try:
             bound.call(value, bound.attributes)
         except Exception as exc:
@@ -224,7 +228,7 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
                 self._meter = self._meter_provider.get_meter("torchelastic_otel", __version__)
                 selftelemetry.instrument(self._meter_provider)
             return
-        generation = pipeline._generation[0]
+        generation = pipeline.generation()
         if self._meter is None or generation != self._generation:
             provider = pipeline.get_pipeline().meter_provider
             self._meter = provider.get_meter("torchelastic_otel", __version__)
@@ -249,8 +253,10 @@ class OtelMetricHandler(_drainer.Buffer, MetricHandler):
             call = instrument.add
         return _Bound(call, binding)
 
-    def _create(self, binding: Binding) -> Any:
+    def _create(self, binding: Binding) -> Any:  # an SDK instrument of the binding's kind
         meter, name = self._meter, binding.instrument
+        if meter is None:  # never: a drain gets its meter first
+            raise RuntimeError("no meter")
         # A user's rule may carry any text; the description is sent as it is (an unencodable one fails the export).
         unit, desc = (
             _attributes.encodable(text, "metrics") if isinstance(text, str) else text

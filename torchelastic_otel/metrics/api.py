@@ -17,7 +17,6 @@ import warnings
 from collections import namedtuple
 from collections.abc import Iterator
 from functools import wraps
-from typing import Any
 
 from torchelastic_otel import _selftelemetry as selftelemetry
 
@@ -244,7 +243,7 @@ def _put_through_stream(metric_name: str, metric_value: int, metric_group: str) 
         _handler_failed(exc)
 
 
-def _publish(metric_group: Any, metric_name: str, metric_value: int) -> None:
+def _publish(metric_group: str, metric_name: str, metric_value: int) -> None:
     getStream(metric_group).add_value(metric_name, metric_value)
 
 

@@ -70,10 +70,14 @@ class MetricRule:
     attributes: tuple[str, ...] = ()
     description: str = ""
     group: str | None = None
-    _regex: re.Pattern = field(init=False, repr=False, compare=False)
+    _regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_regex", re.compile(self.pattern))
+
+    def fullmatch(self, name: str) -> re.Match[str] | None:
+        """``pattern`` matched against the whole of ``name`` (compiled once, with the rule)."""
+        return self._regex.fullmatch(name)
 
 
 _ROLE = r"workers\.(?P<role>[^.]+)\."
@@ -114,7 +118,7 @@ class Binding:
     unit: str
     description: str
     scale: float
-    attributes: dict
+    attributes: dict[str, str]
 
 
 def resolve(rules: tuple[MetricRule, ...] | list[MetricRule], group: str, name: str) -> Binding:
@@ -122,7 +126,7 @@ def resolve(rules: tuple[MetricRule, ...] | list[MetricRule], group: str, name: 
     for rule in rules:
         if rule.group is not None and rule.group != group:
             continue
-        match = rule._regex.fullmatch(name)
+        match = rule.fullmatch(name)
         if match is None:
             continue
         parts = {k: (v or "") for k, v in match.groupdict().items()}

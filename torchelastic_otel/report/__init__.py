@@ -6,10 +6,11 @@ HTML file (a zoomable timeline of agents, attempts, rendezvous and workers per r
 attempt with its traceback; restarts; per-rank metric charts and a metric table; the trace tree).
 
 - ``otlpjson``: reads the files in one streaming pass (with the OpenTelemetry OTLP JSON library's checks),
-  counting what it must skip;
+  counting what it must skip (its value rules: ``otlpvalues``; its fast path: ``typedlines``; where both put the
+  records: ``sink``);
 - ``model``: the job: agents, attempts, workers, failures, root causes, restarts;
 - ``timeline``, ``metrics``, ``tree``: what both renderers show; ``terminal`` and ``html`` render it;
-- ``cli``: the command.
+- ``cli``: the command; ``follow``: its live view of a running job (``--follow``), the files read as they grow.
 """
 
 from torchelastic_otel.report.cli import main

@@ -30,15 +30,31 @@ MAX_COUNT = 2**53
 #: The reason the problems count such a point under.
 PROBLEM = "implausible_value"
 
-_SECONDS = (names.WORKER_STEP_PHASE_DURATION, names.WORKER_STEP_PHASE_MEDIAN, names.WORKER_STEP_DURATION,
-            names.WORKER_STEP_ARRIVAL, names.WORKER_STEP_ARRIVAL_MEDIAN, names.WORKER_STEP_GPU_IDLE,
-            names.GOODPUT_TIME, names.WORKER_PROGRESS_AT_RISK, names.WORKER_CUDA_MEMORY_FULL_IN)  # fmt: skip
-_BYTES = (names.PROCESS_MEMORY_USAGE, names.WORKER_CUDA_MEMORY_ALLOCATED, names.WORKER_CUDA_MEMORY_RESERVED,
-          names.WORKER_CUDA_MEMORY_PEAK, names.WORKER_CUDA_MEMORY_TOTAL)  # fmt: skip
+_SECONDS = (
+    names.WORKER_STEP_PHASE_DURATION,
+    names.WORKER_STEP_PHASE_MEDIAN,
+    names.WORKER_STEP_DURATION,
+    names.WORKER_STEP_ARRIVAL,
+    names.WORKER_STEP_ARRIVAL_MEDIAN,
+    names.WORKER_STEP_GPU_IDLE,
+    names.GOODPUT_TIME,
+    names.WORKER_PROGRESS_AT_RISK,
+    names.WORKER_CUDA_MEMORY_FULL_IN,
+)
+_BYTES = (
+    names.PROCESS_MEMORY_USAGE,
+    names.WORKER_CUDA_MEMORY_ALLOCATED,
+    names.WORKER_CUDA_MEMORY_RESERVED,
+    names.WORKER_CUDA_MEMORY_PEAK,
+    names.WORKER_CUDA_MEMORY_TOTAL,
+)
 _COUNTS = (names.WORKER_STEPS,)
 #: metric name -> the largest value it can take
-_LIMITS: dict[str, float] = {**dict.fromkeys(_SECONDS, MAX_SECONDS), **dict.fromkeys(_BYTES, MAX_BYTES),
-                             **dict.fromkeys(_COUNTS, float(MAX_COUNT))}  # fmt: skip
+_LIMITS: dict[str, float] = {
+    **dict.fromkeys(_SECONDS, MAX_SECONDS),
+    **dict.fromkeys(_BYTES, MAX_BYTES),
+    **dict.fromkeys(_COUNTS, float(MAX_COUNT)),
+}
 
 
 def implausible(point: Point) -> str | None:
@@ -51,11 +67,14 @@ def implausible(point: Point) -> str | None:
     if count is None:  # a number point (the common case, on the short path)
         return None if value is None or 0.0 <= value <= limit else f"value {value!r}"
     total, low, high, buckets = point.total, point.low, point.high, point.buckets
-    if ((value is None or 0.0 <= value <= limit) and 0 <= count <= MAX_COUNT
-            and (total is None or 0.0 <= total <= limit) and (low is None or 0.0 <= low <= limit)
-            and (high is None or 0.0 <= high <= limit)
-            and (not buckets or (0 <= min(buckets) and max(buckets) <= MAX_COUNT and _ascending(point.bounds)))
-    ):  # fmt: skip
+    if (
+        (value is None or 0.0 <= value <= limit)
+        and 0 <= count <= MAX_COUNT
+        and (total is None or 0.0 <= total <= limit)
+        and (low is None or 0.0 <= low <= limit)
+        and (high is None or 0.0 <= high <= limit)
+        and (not buckets or (0 <= min(buckets) and max(buckets) <= MAX_COUNT and _ascending(point.bounds)))
+    ):
         return None
     return f"value {value!r}, count {count!r}, sum {total!r}, min {low!r}, max {high!r} or its buckets"
 

@@ -1,6 +1,6 @@
 """Where a job's time went: goodput by cause, the anatomy of a step, and the one-line verdict.
 
-Pure functions over a built ``model.Job`` (the shared contract of issue 28 says what the processes emit):
+Pure functions over a built ``model.Job``, from what the agents and the workers emit (``_names`` spells it):
 
 **Goodput** (:func:`goodput`). For each rank, every second from the run's start to its end goes to exactly one
 cause (``CAUSES``), so a rank's figures sum to the run's wall time; the run's figures are the mean over its ranks,
@@ -32,11 +32,11 @@ and so is each attempt's. Per rank, walking its worker processes (one per attemp
 The ratio is ``productive`` over the wall time (the share of it spent on progress that was kept).
 
 **Phases** (:func:`anatomies`, :func:`phases`): per (restart, rank), the median seconds per step of each phase: the
-worker's own (``torchelastic.worker.step.phase.median``, over its last 1,001 steps) where it sent one, else
+worker's own (``torchelastic.worker.step.phase.median``, over its most recent steps) where it sent one, else
 interpolated in the buckets of its latest (cumulative) ``torchelastic.worker.step.phase.duration`` point, its mean
 without buckets. Each on one clock (attribute ``clock``): where the worker has points on the GPU's clock (CUDA
 events, from CUDA's initialisation on), those alone -- the host's of its first steps would mix two clocks -- else the
-host's (points without the attribute are the host's: older files). On the GPU's clock, ``gpu_idle`` is the share of
+host's (a point without the attribute is the host's). On the GPU's clock, ``gpu_idle`` is the share of
 the GPU's step time it waited for the host: the sum of ``torchelastic.worker.step.gpu_idle.duration`` over the sum of
 the worker's device-clock phase histograms (both cumulative, over the same steps).
 
@@ -46,28 +46,44 @@ the worker's device-clock phase histograms (both cumulative, over the same steps
 from __future__ import annotations
 
 import collections
-import importlib
 import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from torchelastic_otel import _names as names
+from torchelastic_otel.report import memory
 from torchelastic_otel.report.model import Job, WorkerRun, as_str
 from torchelastic_otel.report.records import Point
 from torchelastic_otel.report.stalls import Stall
 from torchelastic_otel.report.stalls import stalls as find_stalls
 
 
+class Rank(Protocol):
+    """What the verdict reads of a rank's steps in an attempt (``training.RankSteps``)."""
+
+    rank: int
+    restart: int
+    steps: int
+    ratio: float | None
+    delay_share: float | None
+    arrival_steps: int
+
+    @property
+    def straggler_reason(self) -> str: ...
+
+
 class Training(Protocol):
     """What the verdict reads of ``training.analyze``'s result (a protocol: ``training`` builds on this module)."""
 
     @property
-    def stragglers(self) -> list[Any]: ...
+    def stragglers(self) -> Sequence[Rank]: ...
 
-    #: every rank's steps (``training.RankSteps``: ``restart``, ``rank``, ``steps``)
-    ranks: list[Any]
+    #: every rank's steps
+    @property
+    def ranks(self) -> Sequence[Rank]: ...
+
     #: ``phases(job)``, when it computed them (else they are computed here)
     phases: dict[tuple[int, int], dict[str, float | None]] | None
     #: ``anatomies(job)``, when it computed them: each rank's clock and step count (else: the host's, no counts)
@@ -93,10 +109,19 @@ __all__ = [
 ]
 
 #: The causes of a rank's wall time, in the order the report shows them (``report --json`` keys).
-CAUSES = ("productive", "startup", "rendezvous", "restart", "checkpoint_save", "checkpoint_load", "lost_progress",
-          "input_wait", "stalled")  # fmt: skip
+CAUSES = (
+    "productive",
+    "startup",
+    "rendezvous",
+    "restart",
+    "checkpoint_save",
+    "checkpoint_load",
+    "lost_progress",
+    "input_wait",
+    "stalled",
+)
 #: The phases of a step (``torchelastic.worker.step.phase.duration``, attribute ``phase``).
-PHASES = ("input", "forward", "backward", "optimizer", "collective_wait", "other")
+PHASES = names.STEP_PHASES
 VERDICTS = ("memory-creep", "straggler", "input-bound", "communication-bound", "compute-bound", "healthy")
 #: The clocks a step's phases are timed on (attribute ``clock``; a point without it is the host's).
 CLOCK_DEVICE, CLOCK_HOST = "device", "host"
@@ -230,8 +255,17 @@ def goodput(job: Job) -> Goodput:
                 ledger.add(run.restart, "startup" if i == 0 else "restart", (gap - covered) / 1e9)
             ended_badly = run.state in _ENDED_BADLY or run.restart < last_restart
             key = (run.restart, rank)
-            _process(ledger, run.restart, start, end, counters.get(key, {}), at_risk.get(key, {}), stalls[key],
-                     ended_badly, failed_at.get(run.restart))  # fmt: skip
+            _process(
+                ledger,
+                run.restart,
+                start,
+                end,
+                counters.get(key, {}),
+                at_risk.get(key, {}),
+                stalls[key],
+                ended_badly,
+                failed_at.get(run.restart),
+            )
             cursor = end
         ledger.add(runs[-1].restart, "startup", (job.end - cursor) / 1e9)
         out.ranks[rank] = _zero()
@@ -355,10 +389,15 @@ def anatomies(job: Job) -> dict[tuple[int, int], Anatomy]:
     latest = _most_counted(job, names.WORKER_STEP_PHASE_DURATION)
     exact = _phase_medians(job)
     device = {(restart, rank) for restart, rank, clock, _ in [*latest, *exact] if clock == CLOCK_DEVICE}
-    idle = {(restart, rank): point for (restart, rank, _, _), point in
-            _most_counted(job, names.WORKER_STEP_GPU_IDLE).items()}  # fmt: skip
-    arrived = {key for point in job.named(names.WORKER_STEP_ARRIVAL)
-               if (key := _worker_key(point, names.WORKER_STEP_ARRIVAL)) is not None and point.count}  # fmt: skip
+    idle = {
+        (restart, rank): point
+        for (restart, rank, _, _), point in _most_counted(job, names.WORKER_STEP_GPU_IDLE).items()
+    }
+    arrived = {
+        key
+        for point in job.named(names.WORKER_STEP_ARRIVAL)
+        if (key := _worker_key(point, names.WORKER_STEP_ARRIVAL)) is not None and point.count
+    }
     out: dict[tuple[int, int], Anatomy] = {}
     totals: dict[tuple[int, int], float] = collections.defaultdict(float)
     for (restart, rank, clock, phase), point in sorted(latest.items()):
@@ -427,26 +466,17 @@ class Verdict:
     steps: int = 0  # the steps it rests on (a rank's, per attempt; 0: none measured)
 
 
-def memory_creep(job: Job) -> list[Any]:
-    """``report.memory.creep(job)``: the ranks whose memory grows steadily; none where that module is missing."""
-    try:
-        memory = importlib.import_module("torchelastic_otel.report.memory")
-        return list(memory.creep(job))
-    except (ImportError, AttributeError):
-        return []
+def memory_creep(job: Job) -> list[memory.Creep]:
+    """The ranks whose memory grows steadily (``memory.creep``)."""
+    return memory.creep(job)
 
 
 def _percent(share: float) -> str:
     return f"{round(share * 100)} %" if math.isfinite(share) else "? %"
 
 
-def _creep_reason(creep: Any) -> str:
-    text = str(getattr(creep, "text", "") or "")
-    if text:
-        return text
-    rate = getattr(creep, "growth_bytes_per_s", None)
-    grows = f" by {rate / 2**20:.2f} MiB/s" if isinstance(rate, (int, float)) else ""
-    return f"rank {getattr(creep, 'rank', '?')}'s memory grows{grows}"
+def _creep_reason(creep: memory.Creep) -> str:
+    return creep.text or f"rank {creep.rank}'s memory grows by {creep.growth_bytes_per_s / 2**20:.2f} MiB/s"
 
 
 def verdict(
@@ -454,7 +484,7 @@ def verdict(
     training: Training,
     goodput: Goodput,
     phases: dict[tuple[int, int], dict[str, float | None]],
-    creep: Sequence[Any],
+    creep: Sequence[memory.Creep],
 ) -> Verdict:
     """The one line: what bounds this job, with the figure that decided it and the steps it rests on (``steps``).
     The first rule that holds wins:
@@ -493,16 +523,19 @@ def verdict(
         return Verdict("memory-creep", _creep_reason(creep[0]), steps)
     stragglers = training.stragglers
     if stragglers:
-        worst = max(stragglers, key=lambda r: (getattr(r, "delay_share", None) or 0.0, r.ratio or 0.0))
-        return Verdict("straggler", _straggler_reason(worst), int(getattr(worst, "arrival_steps", 0) or 0))
+        worst = max(stragglers, key=lambda r: (r.delay_share or 0.0, r.ratio or 0.0))
+        return Verdict("straggler", _straggler_reason(worst), worst.arrival_steps)
     unmeasured = {key for key, found in anatomy.items() if not found.waits_measured}
     shares = step_shares(phases, unmeasured)
     over = f" over {steps:,} step{'s' if steps != 1 else ''}" if steps else ""
     if shares is None:
         kept = goodput.seconds["input_wait"] + goodput.seconds["productive"]
         if goodput.measured and kept > 0 and goodput.seconds["input_wait"] / kept >= INPUT_BOUND:
-            return Verdict("input-bound", f"input wait is {_percent(goodput.seconds['input_wait'] / kept)} of the "
-                                          f"step time{over}", steps)  # fmt: skip
+            return Verdict(
+                "input-bound",
+                f"input wait is {_percent(goodput.seconds['input_wait'] / kept)} of the step time{over}",
+                steps,
+            )
         ratio = goodput.ratio
         note = f"goodput {ratio * 100:.1f} %; " if ratio is not None and goodput.measured else ""
         return Verdict("healthy", f"{note}no step phases in these files", steps)
@@ -512,21 +545,32 @@ def verdict(
     if shares["input"] >= INPUT_BOUND:
         return Verdict("input-bound", f"input wait is {_percent(shares['input'])} of {step}{over}", steps)
     if shares["collective_wait"] >= COMMUNICATION_BOUND:
-        return Verdict("communication-bound", f"collective wait is {_percent(shares['collective_wait'])} of "
-                                              f"{step}{over}", steps)  # fmt: skip
+        return Verdict(
+            "communication-bound", f"collective wait is {_percent(shares['collective_wait'])} of {step}{over}", steps
+        )
     around = shares["optimizer"] + shares["other"]
     if around >= COMPUTE_BOUND:
-        what = ("the optimizer and the GPU's time outside the model's phases (waiting for the host: logging, syncs, "
-                "Python) are" if gpu else "optimizer and other host work are")  # fmt: skip
+        what = (
+            "the optimizer and the GPU's time outside the model's phases (waiting for the host: logging, syncs, "
+            "Python) are"
+            if gpu
+            else "optimizer and other host work are"
+        )
         return Verdict("compute-bound", f"{what} {_percent(around)} of {step}{over}", steps)
-    unseen = "; collective wait not measured (no Flight Recorder entries)" if phases and not (
-        set(phases) - unmeasured) else ""  # fmt: skip
-    return Verdict("healthy", f"no phase dominates {step}{over}: input {_percent(shares['input'])}, collective wait "
-                              f"{_percent(shares['collective_wait'])}, compute {_percent(compute)}{unseen}",
-                   steps)  # fmt: skip
+    unseen = (
+        "; collective wait not measured (no Flight Recorder entries)"
+        if phases and not (set(phases) - unmeasured)
+        else ""
+    )
+    return Verdict(
+        "healthy",
+        f"no phase dominates {step}{over}: input {_percent(shares['input'])}, collective wait "
+        f"{_percent(shares['collective_wait'])}, compute {_percent(compute)}{unseen}",
+        steps,
+    )
 
 
-def _steps(anatomy: dict[tuple[int, int], Anatomy], ranks: Sequence[Any]) -> int:
+def _steps(anatomy: dict[tuple[int, int], Anatomy], ranks: Sequence[Rank]) -> int:
     """The steps a verdict rests on: per attempt, its ranks' most steps with phases (else their most steps), summed
     over the attempts."""
     counts: dict[int, int] = collections.defaultdict(int)
@@ -535,17 +579,18 @@ def _steps(anatomy: dict[tuple[int, int], Anatomy], ranks: Sequence[Any]) -> int
             counts[restart] = max(counts[restart], found.steps)
     else:
         for r in ranks:
-            counts[r.restart] = max(counts[r.restart], int(r.steps or 0))
+            counts[r.restart] = max(counts[r.restart], r.steps)
     return sum(counts.values())
 
 
-def _straggler_reason(worst: Any) -> str:
+def _straggler_reason(worst: Rank) -> str:
     """``training.RankSteps.straggler_reason`` where it says one (else the ratio alone)."""
-    text = getattr(worst, "straggler_reason", "")
-    if text:
-        return str(text)
-    return (f"rank {worst.rank} arrives at its steps' last collective {worst.ratio or 0.0:.2f}x later than the median "
-            f"rank (attempt {worst.restart})")  # fmt: skip
+    if worst.straggler_reason:
+        return worst.straggler_reason
+    return (
+        f"rank {worst.rank} arrives at its steps' last collective {worst.ratio or 0.0:.2f}x later than the median "
+        f"rank (attempt {worst.restart})"
+    )
 
 
 @dataclass
@@ -554,7 +599,7 @@ class Assessment:
 
     goodput: Goodput
     phases: dict[tuple[int, int], dict[str, float | None]]
-    creep: list[Any]
+    creep: list[memory.Creep]
     verdict: Verdict
 
 
@@ -566,5 +611,4 @@ def assess(job: Job, training: Training) -> Assessment:
     if found_phases is None:
         found_phases = {key: found.medians for key, found in training.anatomy.items()}
     found_goodput, creep = goodput(job), memory_creep(job)
-    return Assessment(found_goodput, found_phases, creep,
-                      verdict(job, training, found_goodput, found_phases, creep))  # fmt: skip
+    return Assessment(found_goodput, found_phases, creep, verdict(job, training, found_goodput, found_phases, creep))

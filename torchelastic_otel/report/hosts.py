@@ -114,8 +114,14 @@ class Counts:
     @property
     def text(self) -> str:
         """``2 ranks, 2 attempts, 1 node, 1 failure``."""
-        return ", ".join((plural(self.ranks, "rank"), plural(self.attempts, "attempt"), plural(self.nodes, "node"),
-                          plural(self.failures, "failure")))  # fmt: skip
+        return ", ".join(
+            (
+                plural(self.ranks, "rank"),
+                plural(self.attempts, "attempt"),
+                plural(self.nodes, "node"),
+                plural(self.failures, "failure"),
+            )
+        )
 
 
 def node_hosts(job: Job) -> list[str]:

@@ -26,25 +26,21 @@ exit, where a leaking GPU job's allocated memory was back at its start); a proce
 (steps off, a loop without an optimizer) is fitted over its run without the first ``WARM_UP_SHARE`` (20 %) and the
 last ``TAIL_SHARE`` (5 %) of its points' time span.
 
-Why these, measured on real 2-rank gloo jobs on CPU (``tests/support/workers/mem_worker.py``, 200 ms exports):
+Why these (what real jobs on CPU showed: ``tests/support/workers/mem_worker.py``):
 
-- before the first step a worker's RSS climbs almost linearly: 226 -> 322 MiB (+42 %) over the ~5 s of importing
-  torch and setting up the process group: by its shape alone it is a leak. Hence the window starts at the first
-  step, and without steps the first 20 % of the run is left out (for a run much longer than its start-up, the 20 %
-  hold all of it);
-- a healthy loop grows over its first steps and then not at all: a 2 x 2048² MLP under DDP with SGD went
-  322 -> 364 -> 380 -> 396 MiB in steps 1-3 (gradients, DDP's buckets, the allocator's arenas: +74 MiB, +23 %)
-  and stayed at 396 MiB to the byte for the 57 steps after; a 2 x 256² one grew 7 MiB (2 %) over its 40 steps.
+- before the first step a worker's RSS climbs almost linearly while it imports torch and sets up its process
+  group: by its shape alone it is a leak. Hence the window starts at the first step, and without steps the first
+  20 % of the run is left out (for a run much longer than its start-up, the 20 % hold all of it);
+- a healthy loop grows over its first steps (gradients, DDP's buckets, the allocator's arenas) and then not at all.
   The first step's export comes after some of that warm-up, not all of it: the 64 MiB floor is above what is left
-  of it (~32 MiB here), and a warm-up followed by a plateau is no line (R² well below 0.8);
-- at exit Python frees what the loop kept: the leaking rank's last points were back at its start (632 -> 312 MiB),
-  which is why the window ends at the last step (without steps: the last 5 % are left out);
+  of it, and a warm-up followed by a plateau is no line (R² well below 0.8);
+- at exit Python frees what the loop kept: a leaking rank's last points are back at its start, which is why the
+  window ends at the last step (without steps: the last 5 % are left out);
 - R² >= 0.8 rules out a single jump (a dataset loaded once, a cache filled once) wherever it lies in the window:
-  points evenly spread over a window with one step from a to b at a fraction p of it have R² = 3p(1-p) <= 0.75.
-  The leaking rank of the test job (8 MiB kept every 0.1 s) fits a line with R² > 0.99;
+  points evenly spread over a window with one step from a to b at a fraction p of it have R² = 3p(1-p) <= 0.75,
+  where a steady leak fits a line with R² near 1;
 - a ramp that stops is no creep, however straight it was: without steps, the 20 % cut of a short run still holds
-  part of the start-up's ramp (the test job's healthy rank, fitted from 20 % of its 9 s: +57 MiB at R² 0.84, ramp
-  then plateau), and its second half is flat; a leak's second half rises as fast as the whole;
+  part of the start-up's ramp, and its second half is flat; a leak's second half rises as fast as the whole;
 - 20 % of the start: the growth must matter against the process's own size (a process of 20 GiB that grows 100 MiB
   while its caches fill is not what ends in an OOM), and it must be far above the measurement's noise (RSS of a
   flat process moves by a few MiB between exports: the 64 MiB floor).
@@ -71,7 +67,7 @@ The same rule holds for a CUDA device's allocated memory, for these reasons:
 **Forecast**: for a creeping device with a known total, the seconds from the window's end until the fitted line
 reaches the total: ``(total - line at the end) / rate`` (0 if it reached it), in the creep's text ("at this rate
 cuda:0 is full in 7 min"). The total is the worker's last ``torchelastic.worker.cuda.memory.total``; files without
-it (written before it existed) give the creep without a forecast.
+it give the creep without a forecast.
 
 Points that are no memory size (not finite, negative, a device that is no index) are left out and counted
 (``left_out``).
@@ -82,14 +78,25 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from torchelastic_otel import _names as names
 from torchelastic_otel.report.model import CudaMemory, Job, as_int
 from torchelastic_otel.report.records import Point, Proc
 
-__all__ = ["Creep", "MemorySeries", "creep", "creep_json", "creeping", "cuda_memory_json", "fit", "full_in_text",
-           "left_out", "memory_series", "oom_text", "MIN_GROWTH_BYTES"]  # fmt: skip
+__all__ = [
+    "Creep",
+    "MemorySeries",
+    "creep",
+    "creep_json",
+    "creeping",
+    "cuda_memory_json",
+    "fit",
+    "full_in_text",
+    "left_out",
+    "memory_series",
+    "oom_text",
+    "MIN_GROWTH_BYTES",
+]
 
 USAGE = names.PROCESS_MEMORY_USAGE
 CUDA_ALLOCATED = names.WORKER_CUDA_MEMORY_ALLOCATED
@@ -181,9 +188,21 @@ def creeping(
     if len(late) < 2 or fit(late)[0] < MIN_LATE_SHARE * slope:
         return None  # it grew, and then stopped: a warm-up, not a creep
     full_in = max(0.0, (total - (first + growth)) / slope) if total is not None else None
-    return Creep(rank=-1, restart=0, host="", first_bytes=first, last_bytes=first + growth, growth_bytes_per_s=slope,
-                 seconds=seconds, text="", r2=r2, start=window[0][0], end=window[-1][0], total_bytes=total,
-                 full_in_s=full_in)  # fmt: skip
+    return Creep(
+        rank=-1,
+        restart=0,
+        host="",
+        first_bytes=first,
+        last_bytes=first + growth,
+        growth_bytes_per_s=slope,
+        seconds=seconds,
+        text="",
+        r2=r2,
+        start=window[0][0],
+        end=window[-1][0],
+        total_bytes=total,
+        full_in_s=full_in,
+    )
 
 
 def _window(points: list[tuple[int, float]], steps: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -234,9 +253,13 @@ def _device(point: Point) -> int | None:
 def _usable(point: Point, name: str) -> bool:
     proc = point.proc
     return (
-        point.name == name and point.kind in ("sum", "gauge") and _size(point.value) and bool(point.time)
-        and proc.kind == "worker" and proc.rank is not None
-    )  # fmt: skip
+        point.name == name
+        and point.kind in ("sum", "gauge")
+        and _size(point.value)
+        and bool(point.time)
+        and proc.kind == "worker"
+        and proc.rank is not None
+    )
 
 
 def _size(value: float | None) -> bool:
@@ -264,10 +287,7 @@ def _totals(job: Job) -> dict[tuple[Proc, int], float]:
 def _labels(procs: list[Proc]) -> dict[Proc, str]:
     """``rank 1, restart 0``; with the pid where a rank has several processes in one attempt (its helpers)."""
     count = collections.Counter((p.restart or 0, p.rank, p.host) for p in procs)
-    return {
-        p: p.label + (f", pid {p.pid}" if count[(p.restart or 0, p.rank, p.host)] > 1 else "")
-        for p in procs
-    }  # fmt: skip
+    return {p: p.label + (f", pid {p.pid}" if count[(p.restart or 0, p.rank, p.host)] > 1 else "") for p in procs}
 
 
 def _order(proc: Proc) -> tuple[int, int, str, int]:
@@ -280,8 +300,11 @@ def memory_series(job: Job, max_points: int = 150) -> list[MemorySeries]:
     labels = _labels(list(usage))
     out = []
     for proc in sorted(usage, key=_order):
-        out.append(MemorySeries(labels[proc], proc.rank or 0, proc.restart or 0, proc.host, proc.pid,
-                                _thin(usage[proc], max_points)))  # fmt: skip
+        out.append(
+            MemorySeries(
+                labels[proc], proc.rank or 0, proc.restart or 0, proc.host, proc.pid, _thin(usage[proc], max_points)
+            )
+        )
     return out
 
 
@@ -323,8 +346,10 @@ def _text(c: Creep, with_restart: bool, with_pid: bool) -> str:
     if c.device is not None:
         who += f" cuda:{c.device} allocated"
     ratio = c.last_bytes / c.first_bytes if c.first_bytes > 0 else float("inf")
-    text = f"{who} grew {_bytes(c.growth_bytes)} in {_duration(c.seconds)} ({_rate(c.growth_bytes_per_s)}), " \
-        f"{ratio:.1f}x its start"  # fmt: skip
+    text = (
+        f"{who} grew {_bytes(c.growth_bytes)} in {_duration(c.seconds)} ({_rate(c.growth_bytes_per_s)}), "
+        f"{ratio:.1f}x its start"
+    )
     forecast = full_in_text(c)
     return f"{text}; {forecast}" if forecast else text
 
@@ -342,17 +367,30 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def creep_json(creeps: list[Creep]) -> list[dict[str, Any]]:
+def creep_json(creeps: list[Creep]) -> list[dict[str, object]]:
     """The creeps as ``report --json`` gives them (``memory_creep``), fastest first: per creep its process and
     memory (``rss``, or ``cuda`` with its ``device``), the fitted line (bytes), the window and the forecast
     (``full_in_seconds``: null for RSS and for a device whose total the files do not tell)."""
-    return [{
-        "rank": c.rank, "restart": c.restart, "host": c.host, "pid": c.pid, "memory": c.memory, "device": c.device,
-        "start_bytes": round(c.first_bytes), "end_bytes": round(c.last_bytes), "growth_bytes": round(c.growth_bytes),
-        "growth_bytes_per_s": round(c.growth_bytes_per_s, 1), "seconds": _round(c.seconds), "r2": _round(c.r2, 4),
-        "total_bytes": None if c.total_bytes is None else round(c.total_bytes),
-        "full_in_seconds": _round(c.full_in_s, 1), "text": c.text,
-    } for c in creeps]  # fmt: skip
+    return [
+        {
+            "rank": c.rank,
+            "restart": c.restart,
+            "host": c.host,
+            "pid": c.pid,
+            "memory": c.memory,
+            "device": c.device,
+            "start_bytes": round(c.first_bytes),
+            "end_bytes": round(c.last_bytes),
+            "growth_bytes": round(c.growth_bytes),
+            "growth_bytes_per_s": round(c.growth_bytes_per_s, 1),
+            "seconds": _round(c.seconds),
+            "r2": _round(c.r2, 4),
+            "total_bytes": None if c.total_bytes is None else round(c.total_bytes),
+            "full_in_seconds": _round(c.full_in_s, 1),
+            "text": c.text,
+        }
+        for c in creeps
+    ]
 
 
 def oom_text(memory: CudaMemory) -> str:
@@ -373,13 +411,19 @@ def oom_text(memory: CudaMemory) -> str:
     return text
 
 
-def cuda_memory_json(memory: CudaMemory | None) -> dict[str, Any] | None:
+def cuda_memory_json(memory: CudaMemory | None) -> dict[str, int | None] | None:
     """A root cause's ``cuda_memory`` in ``report --json``: the device and the allocator's figures (bytes, null
     where not recorded), ``invalid`` the values left out; null for a failure that is no CUDA OOM."""
     if memory is None:
         return None
-    return {"device": memory.device, "allocated_bytes": memory.allocated, "reserved_bytes": memory.reserved,
-            "peak_bytes": memory.peak, "total_bytes": memory.total, "invalid": memory.invalid}  # fmt: skip
+    return {
+        "device": memory.device,
+        "allocated_bytes": memory.allocated,
+        "reserved_bytes": memory.reserved,
+        "peak_bytes": memory.peak,
+        "total_bytes": memory.total,
+        "invalid": memory.invalid,
+    }
 
 
 def _bytes(value: float) -> str:

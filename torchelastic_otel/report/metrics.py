@@ -14,15 +14,14 @@ import itertools
 import json
 import operator
 from dataclasses import dataclass, field
-from typing import Any
 
-from torchelastic_otel.report.records import Point, Proc
+from torchelastic_otel.report.records import Attrs, Point, Proc
 
 
 @dataclass
 class Stream:
     name: str
-    attrs: dict[str, Any]
+    attrs: Attrs
     kind: str
     unit: str
     points: list[Point] = field(default_factory=list)
@@ -61,7 +60,8 @@ def streams(points: list[Point]) -> list[Stream]:
     """The points by stream (name and attributes), the job's own streams first."""
     by_key: dict[tuple[str, str], Stream] = {}
     texts: dict[int, str] = {}  # id of an attribute dict -> its canonical JSON: the reader shares equal attribute
-    # dicts (a few hundred for 1.5 M points at 1,000 nodes), so each is serialized once; all live as long as points
+    # dicts (a few hundred for the millions of points of a large run), so each is serialized once; all live as long as
+    # the points
     for point in points:
         attrs = point.attrs
         text = texts.get(id(attrs))
@@ -102,7 +102,7 @@ def _last(points: list[Point]) -> Point:
 
 def _procs_by_id(all_streams: list[Stream]) -> dict[int, Proc]:
     """Every process of the points, by id (a run's processes are one object each: the reader's ``Proc`` s), listed
-    at C speed: 1.5 M points at 1,000 nodes."""
+    at C speed: a large run has millions of points."""
     procs: dict[int, Proc] = {}
     for stream in all_streams:
         procs.update(zip(map(id, map(_PROC_OF, stream.points)), map(_PROC_OF, stream.points), strict=True))
@@ -161,8 +161,10 @@ def charts(all_streams: list[Stream], max_charts: int = 16, max_series: int = 16
         if max((len(v) for v in per_proc.values()), default=0) < 2:
             continue  # nothing to draw a line through
         procs = sorted(per_proc, key=lambda p: (p.rank if p.rank is not None else -1, p.restart or 0))[:max_series]
-        series = [Series(f"rank {p.rank}, restart {p.restart}", p.rank, p.restart, _line(per_proc[p], max_points))
-                  for p in procs]  # fmt: skip
+        series = [
+            Series(f"rank {p.rank}, restart {p.restart}", p.rank, p.restart, _line(per_proc[p], max_points))
+            for p in procs
+        ]
         out.append(Chart(stream, series))
         if len(out) >= max_charts:
             break

@@ -21,10 +21,10 @@ import collections
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from torchelastic_otel import _names as names
-from torchelastic_otel.report.records import LogRecord, Point, Proc, Span, Telemetry
+from torchelastic_otel.report.records import Attrs, AttrValue, LogRecord, Point, Proc, Span, Telemetry
 
 ROOT_CAUSE_EVENT = names.ROOT_CAUSE
 FAILURE_EVENT = names.WORKER_FAILURE
@@ -33,20 +33,20 @@ TERMINATED_EVENT = names.WORKER_TERMINATED
 RESTART_EVENT = names.RESTART
 IOSTREAM = "log.iostream"
 _PROC_OF = operator.attrgetter("proc")
-_MAX_OUTPUT_LINES = 40  # per worker: the last lines of its stdout/stderr kept for the report
+MAX_OUTPUT_LINES = 40  # per worker: the last lines of its stdout/stderr kept for the report
 
 
-def as_int(raw: Any) -> int | None:
+def as_int(raw: AttrValue) -> int | None:
     """An integer from an attribute (the bridge writes some ints as strings); ``None`` when it is none."""
-    if isinstance(raw, bool):
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
         return None
     try:
         return int(raw)
-    except (TypeError, ValueError):
+    except ValueError:
         return None
 
 
-def as_str(raw: Any) -> str:
+def as_str(raw: AttrValue) -> str:
     return "" if raw is None or raw == "<NONE>" else str(raw)
 
 
@@ -97,7 +97,7 @@ _CUDA_MEMORY_FIELDS = ("device", "allocated", "reserved", "peak", "total")
 _MAX_BYTES = 1 << 62
 
 
-def cuda_memory_of(attrs: dict[str, Any], keys: tuple[str, str, str, str, str]) -> CudaMemory | None:
+def cuda_memory_of(attrs: Attrs, keys: tuple[str, str, str, str, str]) -> CudaMemory | None:
     """The ``CudaMemory`` in ``attrs`` under ``keys`` (device, allocated, reserved, peak, total); ``None`` without
     a device. A value that is no non-negative integer is left out and counted in ``invalid``."""
     values: dict[str, int | None] = {}
@@ -114,7 +114,7 @@ def cuda_memory_of(attrs: dict[str, Any], keys: tuple[str, str, str, str, str]) 
     return CudaMemory(device, invalid=invalid, **values)
 
 
-def _size(raw: Any) -> int | None:
+def _size(raw: AttrValue) -> int | None:
     """A non-negative integer (as written: an int, a whole float, a decimal string); ``None`` otherwise."""
     if isinstance(raw, bool) or raw is None:
         return None
@@ -124,10 +124,20 @@ def _size(raw: Any) -> int | None:
     return number if number is not None and 0 <= number <= _MAX_BYTES else None
 
 
-_WORKER_CUDA_KEYS = (names.CUDA_MEMORY_DEVICE, names.CUDA_MEMORY_ALLOCATED, names.CUDA_MEMORY_RESERVED,
-                     names.CUDA_MEMORY_PEAK, names.CUDA_MEMORY_TOTAL)  # fmt: skip
-_ROOT_CAUSE_CUDA_KEYS = (names.ROOT_CAUSE_CUDA_DEVICE, names.ROOT_CAUSE_CUDA_ALLOCATED, names.ROOT_CAUSE_CUDA_RESERVED,
-                         names.ROOT_CAUSE_CUDA_PEAK, names.ROOT_CAUSE_CUDA_TOTAL)  # fmt: skip
+_WORKER_CUDA_KEYS = (
+    names.CUDA_MEMORY_DEVICE,
+    names.CUDA_MEMORY_ALLOCATED,
+    names.CUDA_MEMORY_RESERVED,
+    names.CUDA_MEMORY_PEAK,
+    names.CUDA_MEMORY_TOTAL,
+)
+_ROOT_CAUSE_CUDA_KEYS = (
+    names.ROOT_CAUSE_CUDA_DEVICE,
+    names.ROOT_CAUSE_CUDA_ALLOCATED,
+    names.ROOT_CAUSE_CUDA_RESERVED,
+    names.ROOT_CAUSE_CUDA_PEAK,
+    names.ROOT_CAUSE_CUDA_TOTAL,
+)
 
 
 @dataclass
@@ -219,7 +229,7 @@ _Named = TypeVar("_Named", Point, LogRecord)
 
 class _ByName(Generic[_Named]):
     """Records by their ``name``, indexed on first use and again if records were added: each look-up was a pass
-    over every record of the run, millions on 1,000 nodes."""
+    over every record of the run, millions on a large run."""
 
     def __init__(self) -> None:
         self._index: dict[str, list[_Named]] = {}
@@ -254,12 +264,12 @@ class Job:
 
     def logs_named(self, name: str) -> list[LogRecord]:
         """The log records named ``name`` (``LogRecord.name``), in order: the model and the views look for a few
-        events (failures, verdicts, restarts, stalls) among every output line of the run (750,000 at 1,000 nodes)."""
+        events (failures, verdicts, restarts, stalls) among every output line of the run."""
         return self._logs_by_name.get(self.logs, name)
 
     def point_procs(self) -> list[Proc]:
         """Every process that wrote a point, once each, in the order of their first point."""
-        return list(dict.fromkeys(map(_PROC_OF, self.points)))  # at C speed: 1.5 M points at 1,000 nodes
+        return list(dict.fromkeys(map(_PROC_OF, self.points)))  # at C speed: a large run has millions of points
 
     @property
     def attempts(self) -> list[Attempt]:
@@ -285,13 +295,13 @@ class Job:
 # ---- grouping the records by run ---------------------------------------------------------------------------
 
 
-def _run_of(proc: Proc, attrs: dict[str, Any]) -> str | None:
+def _run_of(proc: Proc, attrs: Attrs) -> str | None:
     """The record's own run id before its resource's: a process that launched several runs (``run.main`` called
-    again) may have written a later run's records on an earlier run's resource (earlier versions of the bridge did)."""
+    again) may hold records of a later run on an earlier run's resource."""
     return _run(attrs.get(names.RUN_ID), proc.run_id)
 
 
-def _run(own: Any, resource: str | None) -> str | None:
+def _run(own: AttrValue, resource: str | None) -> str | None:
     """A record's run id from its own attribute and its resource's (``_run_of``)."""
     run = own or resource
     return None if run is None else str(run)
@@ -302,7 +312,7 @@ def split_runs(tel: Telemetry) -> list[Job]:
     if not (tel.spans or tel.logs or tel.points):
         return []
     runs = _run_ids(tel)
-    if len(runs) <= 1:  # one run (most files): every record is its; no record-by-record sorting (3.4 M at 1,000 nodes)
+    if len(runs) <= 1:  # one run (most files): every record is its; no record-by-record sorting
         return [Job(next(iter(runs), None), list(tel.spans), list(tel.logs), list(tel.points))]
     return _split_runs(tel)
 
@@ -365,8 +375,10 @@ def _build_job(job: Job) -> None:
     job.agents = _agents(job)
     _attach_workers(job)
     verdicts = _Verdicts(job)
+    alive = _last_points(job) if not all(a.ended for a in job.attempts) else {}
     for attempt in job.attempts:
-        _finish_attempt(job, attempt, verdicts)
+        _finish_attempt(job, attempt, verdicts, alive)
+    _consequences(job)
     job.restarts = _restarts(job)
     job.outcome = _outcome(job)
 
@@ -488,8 +500,9 @@ class _Attempts:
         if same:
             return self.by_host.get((run.restart, run.host), same[0])
         job = self.job
-        attempt = Attempt(restart=run.restart, start=run.first_seen or job.start, end=run.last_seen or job.end,
-                          ended=False)  # fmt: skip
+        attempt = Attempt(
+            restart=run.restart, start=run.first_seen or job.start, end=run.last_seen or job.end, ended=False
+        )
         job.agents[0].attempts.append(attempt)
         job.agents[0].attempts.sort(key=lambda a: a.restart)
         self._index(attempt)
@@ -556,10 +569,10 @@ def _worker_records(job: Job, runs: _Runs, by_proc: dict[Proc, WorkerRun]) -> No
         elif name == TERMINATED_EVENT:
             run.stack = as_str(rec.attrs.get(names.STACK))
             run.state = "terminated"
-        if IOSTREAM in rec.attrs or _is_logging(rec):
+        if is_output(rec):
             run.output.append(rec)
     for run in runs.values():
-        run.output = sorted(run.output, key=lambda r: r.time)[-_MAX_OUTPUT_LINES:]
+        run.output = sorted(run.output, key=lambda r: r.time)[-MAX_OUTPUT_LINES:]
 
 
 def _delivered_by_agent(rec: LogRecord | Span, runs: _Runs) -> WorkerRun | None:
@@ -591,7 +604,7 @@ def _agent_status(rec: LogRecord, runs: _Runs) -> None:
         run.state = "succeeded"
 
 
-def _exc_line(attrs: dict[str, Any]) -> str:
+def _exc_line(attrs: Attrs) -> str:
     kind, message = as_str(attrs.get("exception.type")), as_str(attrs.get("exception.message"))
     return f"{kind}: {message}" if kind and message else kind or message
 
@@ -604,7 +617,7 @@ def _failures(job: Job) -> list[Failure]:
     return [_failure(time, attrs, proc.host) for time, attrs, proc in records]
 
 
-def _failure(time: int, attrs: dict[str, Any], host: str) -> Failure:
+def _failure(time: int, attrs: Attrs, host: str) -> Failure:
     return Failure(
         rank=as_int(attrs.get(names.GLOBAL_RANK)),
         local_rank=as_int(attrs.get(names.LOCAL_RANK)),
@@ -633,7 +646,18 @@ def _apply_failure(run: WorkerRun, failure: Failure) -> None:
 # ---- attempts: times, states, root cause ----------------------------------------------------------------------
 
 
-def _finish_attempt(job: Job, attempt: Attempt, verdicts: _Verdicts) -> None:
+def _last_points(job: Job) -> dict[Proc, int]:
+    """Each worker process's last metric point's time: a worker still running whose spans and records say little
+    (no output, no spans of its own) still exports its metrics, so it ran at least until then."""
+    last: dict[Proc, int] = {}
+    for point in job.points:
+        proc = point.proc
+        if proc.kind == "worker" and point.time > last.get(proc, 0):
+            last[proc] = point.time
+    return last
+
+
+def _finish_attempt(job: Job, attempt: Attempt, verdicts: _Verdicts, alive: dict[Proc, int]) -> None:
     for run in attempt.workers:
         run.start = run.start or run.first_seen or attempt.start
         if run.state in ("failed", "terminated") and run.end:
@@ -643,7 +667,7 @@ def _finish_attempt(job: Job, attempt: Attempt, verdicts: _Verdicts) -> None:
             if run.state == "unknown":
                 run.state = "stopped" if attempt.failed else "succeeded"
         else:
-            run.end = max(run.last_seen, run.start)
+            run.end = max(run.last_seen, alive.get(run.proc, 0) if run.proc is not None else 0, run.start)
             if run.state == "unknown":
                 run.state = "running"
         run.end = max(run.end, run.start)
@@ -661,6 +685,12 @@ def _finish_attempt(job: Job, attempt: Attempt, verdicts: _Verdicts) -> None:
                 if cause.cuda_memory is None:
                     cause.cuda_memory = run.cuda_memory
                 cause.output = output_lines(run, cause.stacktrace)
+
+
+def is_output(rec: LogRecord) -> bool:
+    """Whether ``rec`` is one of a process's output lines (``log.iostream``) or a ``logging`` record: what a worker's
+    output shows (``WorkerRun.output``), not an event."""
+    return IOSTREAM in rec.attrs or _is_logging(rec)
 
 
 def _is_logging(rec: LogRecord) -> bool:
@@ -687,7 +717,7 @@ _FINAL = ("succeeded", "failed", "terminated")
 
 class _Verdicts:
     """The agents' own verdicts, gathered once per job: ``torchelastic.root_cause`` records by restart count and
-    spans carrying the root-cause attributes by span id (looking them up per attempt was a scan of every record).
+    spans carrying the root-cause attributes by span id (looking them up per attempt would scan every record).
 
     On several nodes each agent whose workers failed records its own verdict; the attempt's is the one that failed
     first (by the time the record names), this agent's own on a tie, so that every agent's attempt tells the same
@@ -719,7 +749,7 @@ def _verdict_order(rec: LogRecord, host: str) -> tuple[int, bool]:
     return (as_int(rec.attrs.get(_RC + "time_unix_nano")) or rec.time, rec.proc.host != host)
 
 
-def _from_root_cause_attrs(attrs: dict[str, Any], attempt: Attempt, time: int, host: str) -> RootCause:
+def _from_root_cause_attrs(attrs: Attrs, attempt: Attempt, time: int, host: str) -> RootCause:
     consequences = attrs.get(_RC + "consequences") or []
     return RootCause(
         rank=as_int(attrs.get(_RC + "rank")),
@@ -739,7 +769,7 @@ def _from_root_cause_attrs(attrs: dict[str, Any], attempt: Attempt, time: int, h
     )
 
 
-def _as_list(raw: Any) -> list[Any]:
+def _as_list(raw: AttrValue) -> list[AttrValue]:
     return list(raw) if isinstance(raw, (list, tuple)) else [raw]
 
 
@@ -773,20 +803,41 @@ def _derived_root_cause(attempt: Attempt) -> RootCause | None:
     )
 
 
+def _consequences(job: Job) -> None:
+    """Every rank of a failed attempt that failed or was stopped after its root cause, on every node: an agent's
+    verdict names only its own workers (``torchelastic.root_cause.consequences``), and on many nodes most of the
+    ranks that then died (gloo's ``Connection closed by peer``) or that their agents stopped are on the others."""
+    ended: dict[int, set[int]] = collections.defaultdict(set)
+    for attempt in job.attempts:
+        if attempt.failed:
+            ended[attempt.restart].update(w.rank for w in attempt.workers if w.rank is not None and w.state in _ENDED)
+    for attempt in job.attempts:
+        cause = attempt.root_cause
+        if cause is not None and ended[attempt.restart]:
+            cause.consequences = sorted((set(cause.consequences) | ended[attempt.restart]) - {cause.rank})
+
+
+_ENDED = ("failed", "terminated", "stopped")
+
+
 def _restarts(job: Job) -> list[Restart]:
     spans = [s for s in job.spans if s.name == RESTART_EVENT]
     if spans:
-        items: Iterable[tuple[int, dict[str, Any], Proc]] = [(s.start, s.attrs, s.proc) for s in spans]
+        items: Iterable[tuple[int, Attrs, Proc]] = [(s.start, s.attrs, s.proc) for s in spans]
     else:
         items = [(r.time, r.attrs, r.proc) for r in job.logs_named(RESTART_EVENT)]
     return sorted(
         (
-            Restart(time, as_int(attrs.get(names.RESTART_COUNT)),
-                    as_str(attrs.get(names.RESTART_REASON) or attrs.get(names.REASON)), proc.host)
+            Restart(
+                time,
+                as_int(attrs.get(names.RESTART_COUNT)),
+                as_str(attrs.get(names.RESTART_REASON) or attrs.get(names.REASON)),
+                proc.host,
+            )
             for time, attrs, proc in items
         ),
         key=lambda r: r.time,
-    )  # fmt: skip
+    )
 
 
 def _outcome(job: Job) -> str:

@@ -4,21 +4,78 @@ At 1,024 nodes the node that failed first must not be one row among thousands of
 show the deviating nodes first (the root cause's node before the others, then by when each deviated), each with
 what its ranks did, and fold the healthy nodes into one band per attempt: ``1,022 healthy nodes: attempt 0
 12:00:01–12:03:10``. A rank the agent stopped because another rank failed is a consequence, not a deviation.
+
+Each deviation is kept as an ``Event`` too (its reason, its attempt, how it ended and the error's text apart), so
+that ``groups`` can fold the nodes that deviated alike into one line.
 """
 
 from __future__ import annotations
 
 import collections
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from torchelastic_otel.report import hosts as hosts_mod
 from torchelastic_otel.report.model import Job
-from torchelastic_otel.report.training import Training
+from torchelastic_otel.report.stalls import Stall
 
 #: the reasons a node deviates, in the order they are told
 REASONS = ("root cause", "failure", "missing rank", "stall", "straggler")
+
+
+class Missing(Protocol):
+    """What the overview reads of a rank missing from a collective (``training.Missing``)."""
+
+    @property
+    def restart(self) -> int: ...
+    @property
+    def process_group(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def collective(self) -> str: ...
+    @property
+    def ranks(self) -> Sequence[int]: ...
+
+
+class Straggler(Protocol):
+    """What the overview reads of a straggler (``training.RankSteps``)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def restart(self) -> int: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def ratio(self) -> float | None: ...
+
+
+class Training(Protocol):
+    """What the overview reads of ``training.analyze``'s result (a protocol: ``training`` builds on this module)."""
+
+    @property
+    def missing(self) -> Sequence[Missing]: ...
+    @property
+    def stalls(self) -> Sequence[Stall]: ...
+    @property
+    def stragglers(self) -> Sequence[Straggler]: ...
+
+
+@dataclass(frozen=True)
+class Event:
+    """One deviation of one rank, in parts: ``head`` says what happened without the numbers that differ from rank
+    to rank (``failed in attempt 0 (exit code 1)``), ``detail`` the error's own text (an exception line, a stack's
+    top frame, a collective), joined by ``sep``. Ranks whose events read the same once ``detail`` is masked
+    (``groups.mask``) deviated alike."""
+
+    reason: str
+    rank: int | None
+    head: str
+    detail: str = ""
+    sep: str = ": "
 
 
 @dataclass
@@ -29,12 +86,13 @@ class Node:
     notes: list[str] = field(default_factory=list)  # "rank 7 failed in attempt 0 (root cause): ValueError: ..."
     deviating_ranks: set[int] = field(default_factory=set)
     first: int = 0  # when it first deviated (ns), for the order
+    events: list[Event] = field(default_factory=list)
 
     @property
     def deviating(self) -> bool:
         return bool(self.reasons)
 
-    def add(self, reason: str, rank: int | None, note: str, time: int = 0) -> None:
+    def add(self, reason: str, rank: int | None, note: str, time: int = 0, event: Event | None = None) -> None:
         if reason not in self.reasons:
             self.reasons.append(reason)
             self.reasons.sort(key=REASONS.index)
@@ -44,6 +102,7 @@ class Node:
             self.notes.append(note)
         if time:
             self.first = min(self.first or time, time)
+        self.events.append(event or Event(reason, rank, note))
 
 
 @dataclass
@@ -59,12 +118,19 @@ class Band:
     def text(self) -> str:
         """``1,022 healthy nodes: attempt 0 12:00:01–12:03:10 (16,352 workers stopped by the agent)``."""
         ended = ", ".join(f"{n:,} {_STATE_WORDS.get(s, s)}" for s, n in sorted(self.states.items(), key=_by_count))
-        return (f"{hosts_mod.plural(self.nodes, 'healthy node')}: attempt {self.restart} "
-                f"{clock(self.start)}{hosts_mod.DASH}{clock(self.end)}" + (f" ({ended})" if ended else ""))  # fmt: skip
+        return (
+            f"{hosts_mod.plural(self.nodes, 'healthy node')}: attempt {self.restart} "
+            f"{clock(self.start)}{hosts_mod.DASH}{clock(self.end)}" + (f" ({ended})" if ended else "")
+        )
 
 
-_STATE_WORDS = {"terminated": "stopped by the agent", "stopped": "stopped by the agent", "succeeded": "succeeded",
-                "running": "running", "unknown": "unknown"}  # fmt: skip
+_STATE_WORDS = {
+    "terminated": "stopped by the agent",
+    "stopped": "stopped by the agent",
+    "succeeded": "succeeded",
+    "running": "running",
+    "unknown": "unknown",
+}
 
 
 def _by_count(item: tuple[str, int]) -> tuple[int, str]:
@@ -137,29 +203,44 @@ def _failures(job: Job, node: Callable[[str], Node]) -> None:
             how = f"exit code {run.exit_code}" if run.exit_code is not None else ""
             how += (", " if how else "") + run.signal if run.signal else ""
             detail = f" ({how})" if how else ""
-            if run.root_cause:
-                note = f"rank {run.rank}: root cause of attempt {run.restart}{detail}: {what}"
-                node(run.host).add("root cause", run.rank, note, run.failed_at or run.end)
-            else:
-                note = f"rank {run.rank}: failed in attempt {run.restart}{detail}: {what}"
-                node(run.host).add("failure", run.rank, note, run.failed_at or run.end)
+            reason = "root cause" if run.root_cause else "failure"
+            head = f"root cause of attempt {run.restart}" if run.root_cause else f"failed in attempt {run.restart}"
+            event = Event(reason, run.rank, head + detail, what)
+            node(run.host).add(
+                reason, run.rank, f"rank {run.rank}: {head}{detail}: {what}", run.failed_at or run.end, event
+            )
 
 
 def _training(found: Training, rank_host: dict[tuple[int, int | None], str], node: Callable[[str], Node]) -> None:
     for m in found.missing:
+        where = ", ".join(p for p in (m.collective, m.process_group) if p)
         for rank in m.ranks:
             host = rank_host.get((m.restart, rank), "")
-            node(host).add("missing rank", rank, f"rank {rank}: missing from collective #{m.seq} in attempt "
-                           f"{m.restart} ({', '.join(p for p in (m.collective, m.process_group) if p)})")  # fmt: skip
+            node(host).add(
+                "missing rank",
+                rank,
+                f"rank {rank}: missing from collective #{m.seq} in attempt {m.restart} ({where})",
+                event=Event("missing rank", rank, f"missing from a collective in attempt {m.restart}", where),
+            )
     for s in found.stalls:
         host = s.host or rank_host.get((s.restart, s.rank), "")
-        node(host).add("stall", s.rank, f"rank {s.rank}: stalled {s.seconds:.1f} s in attempt {s.restart}"
-                       + (f" at {s.stack_top}" if s.stack_top else ""), s.since)  # fmt: skip
+        node(host).add(
+            "stall",
+            s.rank,
+            f"rank {s.rank}: stalled {s.seconds:.1f} s in attempt {s.restart}"
+            + (f" at {s.stack_top}" if s.stack_top else ""),
+            s.since,
+            Event("stall", s.rank, f"stalled in attempt {s.restart}", s.stack_top, " at "),
+        )
     for r in found.stragglers:
         host = r.host or rank_host.get((r.restart, r.rank), "")
         ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "?"
-        node(host).add("straggler", r.rank, f"rank {r.rank}: straggler in attempt {r.restart}, {ratio} the median "
-                       "rank's arrival")  # fmt: skip
+        node(host).add(
+            "straggler",
+            r.rank,
+            f"rank {r.rank}: straggler in attempt {r.restart}, {ratio} the median rank's arrival",
+            event=Event("straggler", r.rank, f"straggler in attempt {r.restart}"),
+        )
 
 
 def _bands(job: Job, healthy: set[str]) -> list[Band]:

@@ -6,9 +6,9 @@ hex, 64-bit integers as strings, lowerCamelCase keys). Written by ``opentelemetr
 too. Each span, log record and metric is decoded straight from the parsed JSON into a plain record, by the rules
 of OTLP's JSON encoding as the OpenTelemetry library (``opentelemetry.proto_json``) applies them (64-bit integers
 as numbers or strings, ids in hex, bytes in base64, the same type checks and error messages), one item at a time,
-so one bad item costs only itself. (The library's own decoding builds a message object per value: ten times the
-work, which a 1,000-node run's files cannot afford.) The value rules are ``otlpvalues``; with msgspec (the
-``report`` extra) most lines take a typed path (``typedlines``) that gives the same records, faster.
+so one bad item costs only itself. (The library's own decoding builds a message object per value: far more work
+than a large run's files allow.) The value rules are ``otlpvalues``; with msgspec (the ``report`` extra) most lines
+take a typed path (``typedlines``) that gives the same records, faster; both make them in one ``sink.Sink``.
 
 Nothing read raises: a line that is not JSON, is cut short, is not OTLP, or holds an item the library rejects is
 skipped and counted in ``Telemetry.problems`` with where it was; unknown top-level keys are counted and ignored.
@@ -31,30 +31,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from torchelastic_otel import _names as names
 from torchelastic_otel.report import figures
 from torchelastic_otel.report.otlpvalues import (
-    _EMPTY,
-    _NO_EVENTS,
-    _dict,
-    _distribution,
-    _enum,
-    _hex,
-    _i64,
-    _int,
-    _intern,
-    _list,
-    _point_value,
-    _str,
+    EMPTY,
+    NO_EVENTS,
     attributes,
-    value,
+    distribution_of,
+    int64,
+    intern,
+    json_list,
+    json_object,
+    point_value_of,
+    string,
 )
-from torchelastic_otel.report.records import LogRecord, Point, Proc, Span, SpanEvent, Telemetry
+from torchelastic_otel.report.records import Point, Proc, SpanEvent, Telemetry
+from torchelastic_otel.report.sink import Procs, Sink
 
-__all__ = ["ReportError", "read", "find_files"]
+__all__ = ["ReportError", "Reader", "read", "find_files"]
 
 #: msgspec's JSON parser (``_loads``), when the ``report`` extra is installed
-_FAST_LOADS: Callable[[str], Any] | None
+_FAST_LOADS: Callable[[str], object] | None
 try:
     import msgspec.json
 except ImportError:  # the standard library's parser
@@ -105,8 +101,8 @@ _SUFFIXES = tuple(pattern[1:] for pattern in PATTERNS)
 
 def _walk(top: Path) -> list[Path]:
     """The files under ``top`` whose names match ``PATTERNS``, sorted as paths, in one walk of the tree with the
-    types the directory listing gives (five ``rglob`` calls and a ``stat`` per file took 4 s on a 1,000-node run's
-    101,376 files). Symbolic links are followed, each real directory once (a link cycle ends)."""
+    types the directory listing gives (not an ``rglob`` a pattern and a ``stat`` a file: a large run has a hundred
+    thousand files). Symbolic links are followed, each real directory once (a link cycle ends)."""
     found: list[str] = []
     seen: set[tuple[int, int]] = set()
     pending = [str(top)]
@@ -145,58 +141,6 @@ def _open(path: Path) -> IO[str]:
     if path.suffix == ".gz":
         return gzip.open(path, "rt", encoding="utf-8", errors="replace")
     return open(path, encoding="utf-8", errors="replace")
-
-
-#: the resource attributes a ``Proc`` is made of
-_PROC_KEYS = (names.RANK, names.PROCESS_KIND, "host.name", "process.pid", names.RUN_ID, names.LOCAL_RANK,
-              names.RESTART_COUNT, "service.name")  # fmt: skip
-
-
-class _Procs:
-    """One ``Proc`` per distinct resource (every batch of a process repeats its resource)."""
-
-    def __init__(self) -> None:
-        self._cache: dict[tuple[Any, ...], Proc] = {}
-        self._by_value: dict[Proc, Proc] = {}
-        self._last: tuple[Any, Proc] | None = None
-
-    def get(self, raw: Any) -> Proc:
-        """The process of a raw ``resource`` object: one ``Proc`` object per distinct process (every batch of a
-        process repeats its resource, and the model keys on them). The same resource as the last one (the next line
-        of the same file, mostly) is one comparison, not a decoding."""
-        if self._last is not None and raw == self._last[0]:
-            return self._last[1]
-        proc = self._decode(raw)
-        self._last = (raw, proc)
-        return proc
-
-    def canonical(self, proc: Proc) -> Proc:
-        """This reader's object for a process equal to ``proc`` (one read by another process, unpickled)."""
-        return self._by_value.setdefault(proc, proc)
-
-    def _decode(self, raw: Any) -> Proc:
-        res = attributes(_dict(raw, "data").get("attributes"))
-        key = tuple(repr(res.get(k)) for k in _PROC_KEYS)
-        proc = self._cache.get(key)
-        if proc is None:
-            made = self._make(res)
-            proc = self._cache[key] = self._by_value.setdefault(made, made)
-        return proc
-
-    @staticmethod
-    def _make(res: dict[str, Any]) -> Proc:
-        rank = _int(res.get(names.RANK))
-        kind = str(res.get(names.PROCESS_KIND) or ("worker" if rank is not None else "process"))
-        return Proc(
-            kind=kind if kind in ("agent", "worker") else "process",
-            host=str(res.get("host.name", "")),
-            pid=_int(res.get("process.pid")),
-            run_id=None if res.get(names.RUN_ID) is None else str(res[names.RUN_ID]),
-            rank=rank,
-            local_rank=_int(res.get(names.LOCAL_RANK)),
-            restart=_int(res.get(names.RESTART_COUNT)),
-            service=str(res.get("service.name", "unknown_service")),
-        )
 
 
 # ---- one line ------------------------------------------------------------------------------------------------
@@ -244,17 +188,14 @@ class Reader:
     """Reads files into one ``Telemetry``; each item decoded by the library, converted to a plain record."""
 
     def __init__(self) -> None:
-        self.telemetry = Telemetry()
-        self.procs = _Procs()
-        self._attrs: dict[tuple[Any, ...], dict[str, Any]] = {}
-        self._bounds: dict[tuple[float, ...], tuple[float, ...]] = {}
-        #: trace and span ids as written -> as decoded (``_id``)
-        self._ids: dict[str, str] = {}
+        #: where both paths put what they read
+        self.sink = Sink()
+        self.telemetry, self.procs = self.sink.telemetry, self.sink.procs
         #: the resource text the last line began with (``_known_resource``)
         self._resource: _KnownResource | None = None
         #: the fast path, with msgspec (the ``report`` extra)
-        self._typed = typedlines.TypedLines(self) if typedlines is not None and _FAST_LOADS is not None else None
-        self._convert: dict[str, Callable[[Any, Proc], None]] = {
+        self._typed = typedlines.TypedLines(self.sink) if typedlines is not None and _FAST_LOADS is not None else None
+        self._convert: dict[str, Callable[[object, Proc], None]] = {
             "traces": self._add_span,
             "logs": self._add_log,
             "metrics": self._add_metric,
@@ -262,9 +203,10 @@ class Reader:
 
     def forget(self) -> None:
         """Forget what only makes reading faster and the records smaller (the decoded ids, the index of shared
-        attribute sets, the typed path's texts: hundreds of MB at 1,000 nodes): before the reading helper's records
+        attribute sets, the typed path's texts: much memory on a large run): before the reading helper's records
         are loaded, when they are no longer of use. The reader can read on, starting them again."""
-        self._ids, self._attrs, self._bounds, self._resource = {}, {}, {}, None
+        self.sink.forget()
+        self._resource = None
         if self._typed is not None:
             self._typed.forget()
 
@@ -342,7 +284,7 @@ class Reader:
             self._learn_typed(line, typed, parsed)
         return True
 
-    def _learn_typed(self, line: str, typed: typedlines.TypedLines, parsed: Any) -> None:
+    def _learn_typed(self, line: str, typed: typedlines.TypedLines, parsed: typedlines.Line) -> None:
         """``_learn_resource`` for a line the typed path read: its first resource's text and process are those
         the typed path found (the text as the parser delimited it, the process already made from it)."""
         self._resource = None
@@ -364,7 +306,7 @@ class Reader:
             return line, None
         return known.head + "{}" + line[after:], known.proc
 
-    def _learn_resource(self, line: str, data: dict[str, Any], key: str) -> None:
+    def _learn_resource(self, line: str, data: dict[str, object], key: str) -> None:
         """Remember the resource text this line begins with, if it begins with one (``_known_resource``)."""
         head = _HEADS[key]
         if _resource_first(line) != key:
@@ -372,8 +314,14 @@ class Reader:
             return
         try:
             resource, end = _DECODER.raw_decode(line, len(head))
-            block = data[key][0]
-            if type(resource) is not dict or resource != block.get("resource") or line[end : end + 1] not in (",", "}"):
+            blocks = data[key]
+            block = blocks[0] if isinstance(blocks, list) else None
+            if (
+                type(resource) is not dict
+                or not isinstance(block, dict)
+                or resource != block.get("resource")
+                or line[end : end + 1] not in (",", "}")
+            ):
                 raise ValueError("not the block's resource")
             proc = self.procs.get(block["resource"])
         except (ValueError, TypeError, AttributeError, KeyError, IndexError):
@@ -381,7 +329,7 @@ class Reader:
             return
         self._resource = _KnownResource(line[:end], head, _QUOTED[key], proc)
 
-    def _read_resources(self, key: str, blocks: Any, where: str, pinned: Proc | None = None) -> None:
+    def _read_resources(self, key: str, blocks: object, where: str, pinned: Proc | None = None) -> None:
         """The blocks of one signal; the first one's process is ``pinned`` when its resource text was cut out."""
         scope_key, item_key, signal = _SIGNALS[key]
         convert = self._convert[signal]
@@ -404,7 +352,7 @@ class Reader:
                     except (TypeError, ValueError, AttributeError, KeyError) as exc:
                         self.telemetry.problems.add(f"invalid_{signal}_item", where, str(exc)[:_MAX_DETAIL])
 
-    def _proc(self, block: Any, where: str) -> Proc | None:
+    def _proc(self, block: Any, where: str) -> Proc | None:  # Any: a block as written, a dict or not (counted)
         try:
             return self.procs.get(block.get("resource") or {})
         except (TypeError, ValueError, AttributeError) as exc:
@@ -413,144 +361,109 @@ class Reader:
 
     # ---- items ------------------------------------------------------------------------------------------------
 
-    # The three below run once per record, millions of times on 1,000 nodes: the common case (a dict, 64-bit
+    # The three below run once per record, millions of times on a large run: the common case (a dict, 64-bit
     # integers as decimal strings, ids already seen) is tested inline; anything else goes through the checks above,
     # in the same order, so a bad item fails with the same message.
 
-    def _add_span(self, raw: Any, proc: Proc) -> None:
-        span = raw if type(raw) is dict else _dict(raw, "data")
+    def _add_span(self, raw: object, proc: Proc) -> None:
+        span = raw if type(raw) is dict else json_object(raw, "data")
         get = span.get
         status = get("status")
-        status = (status if type(status) is dict else _dict(status, "status")) if status is not None else _EMPTY
-        start = _i64(get("startTimeUnixNano"), "start_time_unix_nano")
-        end = _i64(get("endTimeUnixNano"), "end_time_unix_nano")
-        events = _NO_EVENTS
+        status = (status if type(status) is dict else json_object(status, "status")) if status is not None else EMPTY
+        start = int64(get("startTimeUnixNano"), "start_time_unix_nano")
+        end = int64(get("endTimeUnixNano"), "end_time_unix_nano")
+        events = NO_EVENTS
         raw_events = get("events")
         if raw_events is not None and (type(raw_events) is not list or raw_events):
-            for event in _list(raw_events, "events"):
-                event = _dict(event, "data")
-                events = [] if events is _NO_EVENTS else events
-                events.append(SpanEvent(_intern(_str(event.get("name"), "name")),
-                                        _i64(event.get("timeUnixNano"), "time_unix_nano"),
-                                        self._shared(attributes(event.get("attributes")))))  # fmt: skip
+            for event in json_list(raw_events, "events"):
+                event = json_object(event, "data")
+                events = [] if events is NO_EVENTS else events
+                events.append(
+                    SpanEvent(
+                        intern(string(event.get("name"), "name")),
+                        int64(event.get("timeUnixNano"), "time_unix_nano"),
+                        self.sink.shared(attributes(event.get("attributes"))),
+                    )
+                )
         links = get("links")
         if links is not None and type(links) is not list:
-            _list(links, "links")
-        self.span(get("traceId"), get("spanId"), get("parentSpanId"), get("name"), start, end, get("attributes"),
-                  self._attributes, status, events, proc)  # fmt: skip
-
-    # the rest of a span and a log record, as both paths make them (the typed path, ``typedlines``, has the fields
-    # from its structs, and its own way to convert an attribute list: ``attrs_of``)
-
-    def span(self, trace_id: Any, span_id: Any, parent_id: Any, name: Any, start: int, end: int, attrs: Any,
-             attrs_of: Callable[[Any], dict[str, Any]], status: dict[str, Any], events: list[SpanEvent],
-             proc: Proc) -> None:  # fmt: skip
-        """Append the span of these fields (``status`` checked to be a dict, ``events`` made)."""
-        known, ids = self._ids.get, self._id
-        trace_id = (type(trace_id) is str and known(trace_id)) or ids(trace_id, "trace_id")
-        span_id = (type(span_id) is str and known(span_id)) or ids(span_id, "span_id")
-        parent_id = (type(parent_id) is str and known(parent_id)) or ids(parent_id, "parent_span_id")
-        code, message = status.get("code"), status.get("message")
-        self.telemetry.spans.append(
-            Span(
-                trace_id,
-                span_id,
-                parent_id,
-                _intern(name if type(name) is str else _str(name, "name")),
-                start,
-                end if end > start else start,
-                attrs_of(attrs),
-                code if type(code) is int else _enum(code, "code"),
-                message if type(message) is str else _str(message, "message"),
-                events,
-                proc,
-            )
+            json_list(links, "links")
+        self.sink.span(
+            get("traceId"),
+            get("spanId"),
+            get("parentSpanId"),
+            get("name"),
+            start,
+            end,
+            get("attributes"),
+            self.sink.json_attributes,
+            status,
+            events,
+            proc,
         )
 
-    def log(self, time: Any, observed: Any, severity: Any, severity_text: Any, body: Any, event_name: Any, attrs: Any,
-            attrs_of: Callable[[Any], dict[str, Any]], trace_id: Any, span_id: Any, proc: Proc) -> None:  # fmt: skip
-        """Append the log record of these fields."""
-        time = _i64(time, "time_unix_nano")
-        observed = _i64(observed, "observed_time_unix_nano")
-        severity = severity if type(severity) is int else _enum(severity, "severity_number")
-        severity_text = _intern(severity_text if type(severity_text) is str else _str(severity_text, "severity_text"))
-        text = body.get("stringValue") if type(body) is dict and len(body) == 1 else None
-        body = text if type(text) is str else value(body)
-        event_name = _intern(event_name if type(event_name) is str else _str(event_name, "event_name"))
-        attrs = attrs_of(attrs)
-        known, ids = self._ids.get, self._id
-        trace_id = (type(trace_id) is str and known(trace_id)) or ids(trace_id, "trace_id")
-        span_id = (type(span_id) is str and known(span_id)) or ids(span_id, "span_id")
-        self.telemetry.logs.append(
-            LogRecord(time or observed, severity, severity_text, body, event_name, attrs, trace_id, span_id, proc)
-        )
-
-    def _attributes(self, raw: Any) -> dict[str, Any]:
-        """An attribute list as the general path converts it: one shared dict for equal sets (``_shared``)."""
-        return self._shared(attributes(raw))
-
-    def _add_log(self, raw: Any, proc: Proc) -> None:
-        record = raw if type(raw) is dict else _dict(raw, "data")
+    def _add_log(self, raw: object, proc: Proc) -> None:
+        record = raw if type(raw) is dict else json_object(raw, "data")
         get = record.get
-        self.log(get("timeUnixNano"), get("observedTimeUnixNano"), get("severityNumber"), get("severityText"),
-                 get("body"), get("eventName"), get("attributes"), self._attributes, get("traceId"), get("spanId"),
-                 proc)  # fmt: skip
+        self.sink.log(
+            get("timeUnixNano"),
+            get("observedTimeUnixNano"),
+            get("severityNumber"),
+            get("severityText"),
+            get("body"),
+            get("eventName"),
+            get("attributes"),
+            self.sink.json_attributes,
+            get("traceId"),
+            get("spanId"),
+            proc,
+        )
 
-    def _add_metric(self, raw: Any, proc: Proc) -> None:
-        metric = raw if type(raw) is dict else _dict(raw, "data")
+    def _add_metric(self, raw: object, proc: Proc) -> None:
+        metric = raw if type(raw) is dict else json_object(raw, "data")
         name, unit = metric.get("name"), metric.get("unit")
-        name = _intern(name if type(name) is str else _str(name, "name"))
-        unit = _intern(unit if type(unit) is str else _str(unit, "unit"))
+        name = intern(name if type(name) is str else string(name, "name"))
+        unit = intern(unit if type(unit) is str else string(unit, "unit"))
         out = self.telemetry.points
-        shared = self._shared
+        shared = self.sink.shared
         for kind, key in _METRIC_KINDS:
             data = metric.get(key)
             if data is None:
                 continue
-            data = _dict(data, kind)
+            data = json_object(data, kind)
             monotonic = bool(data.get("isMonotonic", False))
-            for dp in _list(data.get("dataPoints"), "data_points"):
-                dp = dp if type(dp) is dict else _dict(dp, "data")
-                number, count = _point_value(kind, dp)
-                point = Point(name, kind, unit, _i64(dp.get("timeUnixNano"), "time_unix_nano"), number,
-                              shared(attributes(dp.get("attributes"))), proc, monotonic, count)  # fmt: skip
+            for dp in json_list(data.get("dataPoints"), "data_points"):
+                dp = dp if type(dp) is dict else json_object(dp, "data")
+                number, count = point_value_of(kind, dp)
+                point = Point(
+                    name,
+                    kind,
+                    unit,
+                    int64(dp.get("timeUnixNano"), "time_unix_nano"),
+                    number,
+                    shared(attributes(dp.get("attributes"))),
+                    proc,
+                    monotonic,
+                    count,
+                )
                 if kind == "histogram":
-                    _distribution(point, dp)
-                    point.bounds = self._bounds.setdefault(point.bounds, point.bounds)
+                    distribution_of(point, dp)
+                    point.bounds = self.sink.shared_bounds(point.bounds)
                 out.append(point)
 
-    def _id(self, raw: Any, field: str) -> str:
-        """A trace or span id as ``_hex`` makes it, decoded once per distinct id: a trace's spans and records, a
-        span's children, share one string (and its decoding)."""
-        if not raw:
-            return ""
-        known = self._ids.get(raw) if type(raw) is str else None
-        if known is None:
-            known = _hex(raw, field)
-            known = self._ids[raw] = self._ids.setdefault(known, known)
-        return known
 
-    def _shared(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        """One dict for equal attribute sets (a metric point's: a process writes the same few on every export; a
-        training step's: every rank has a step 5; a log line's: its stream), millions of times on 1,000 nodes;
-        read-only by contract, as every record is."""
-        if not attrs:
-            return _EMPTY
-        try:
-            values = tuple(attrs.values())
-            key = (tuple(attrs), tuple(map(type, values)), values)  # 1, 1.0 and True are equal keys: their types not
-            return self._attrs.setdefault(key, attrs)
-        except TypeError:  # a list value: not hashable, not shared
-            return attrs
+_METRIC_KINDS = (
+    ("gauge", "gauge"),
+    ("sum", "sum"),
+    ("histogram", "histogram"),
+    ("exponential_histogram", "exponentialHistogram"),
+    ("summary", "summary"),
+)
 
 
-_METRIC_KINDS = (("gauge", "gauge"), ("sum", "sum"), ("histogram", "histogram"),
-                 ("exponential_histogram", "exponentialHistogram"), ("summary", "summary"))  # fmt: skip
-
-
-def _loads(text: str) -> Any:
-    """``json.loads``, by msgspec's parser when it is installed (the ``report`` extra): 2.5 times faster, a fifth
-    of the reading time of a 1,000-node run. Whatever it does not take (``NaN``, ``Infinity``, a number beyond a
+def _loads(text: str) -> object:
+    """``json.loads``, by msgspec's parser when it is installed (the ``report`` extra), which is faster (parsing is
+    much of the reading time of a large run). Whatever it does not take (``NaN``, ``Infinity``, a number beyond a
     double, a lone surrogate, not JSON) the standard parser decides, so the result and the errors are
     ``json.loads``'s; on valid JSON both give equal values (the same Python types: dicts in key order, the last of
     two equal keys, ints of any size)."""
@@ -641,9 +554,9 @@ def _parallel_worth(total: int) -> bool:
     return cpus > 1 and hasattr(os, "fork") and total >= PARALLEL_BYTES
 
 
-#: the share of the bytes the helper reads, so that both halves end together (measured at 1,024 nodes: the files are
-#: read in name order, the helper's share mostly traces, cheaper a byte than logs and metrics): the helper
-#: also pickles its records (a tenth more work), and this process then loads them (a little less)
+#: the share of the bytes the helper reads, so that both halves end together (tuned on a large run, docs/scale.md:
+#: the files are read in name order, the helper's share mostly traces, cheaper a byte than logs and metrics): the
+#: helper also pickles its records, and this process then loads them, a little less work
 HELPER_SHARE = 0.50
 
 
@@ -754,10 +667,11 @@ def _load_into(fh: IO[bytes], reader: Reader) -> None:
 
 class _Canonical:
     """The reader's own object for each process of one unpickled batch: a batch's records share its processes
-    (pickle keeps one object for each), so each is looked up once, by id (not compared field by field 1.5 M times
-    at 1,000 nodes). The batch's objects are kept alive while it is loaded: their ids stay theirs."""
+    (pickle keeps one object for each), so each is looked up once, by id (not compared field by field for each of
+    the millions of records of a large run). The batch's objects are kept alive while it is loaded: their ids stay
+    theirs."""
 
-    def __init__(self, procs: _Procs) -> None:
+    def __init__(self, procs: Procs) -> None:
         self._procs = procs
         self._seen: dict[int, tuple[Proc, Proc]] = {}
 

@@ -11,12 +11,28 @@ import dataclasses
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeAlias
+
+#: An attribute's value (or a log record's body) as the reader makes it of OTLP JSON's ``AnyValue``: a string, a
+#: number, a bool, ``None`` (absent), a list of values, or a dict (a key-value list); bytes become hex text.
+AttrValue: TypeAlias = str | int | float | bool | None | list["AttrValue"] | dict[str, "AttrValue"]
+#: A record's attributes (read-only: equal sets are one shared dict).
+Attrs = dict[str, AttrValue]
 
 #: OTLP's status code of a failed span (``STATUS_CODE_ERROR``).
 STATUS_ERROR = 2
 #: ``SeverityNumber`` ranges (OTLP logs data model): WARN 13-16, ERROR 17-20, FATAL 21-24.
 SEVERITY_WARN, SEVERITY_ERROR = 13, 17
+
+
+class _Pickled:
+    """A record pickled as the tuple of its fields (``otlpjson`` passes half the records of a large run from the
+    process that read them): the default for a slots class, a dict per record, is twice the work."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return (type(self), _FIELDS[type(self)](self))
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,35 +68,25 @@ class Proc:
 
 
 @dataclass(slots=True)
-class SpanEvent:
+class SpanEvent(_Pickled):
     name: str
     time: int
-    attrs: dict[str, Any]
-
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        """Pickled as the tuple of its fields (``otlpjson`` passes half the records of a large run from the
-        process that read them): the default for a slots class, a dict per record, is twice the work."""
-        return (type(self), _FIELDS[type(self)](self))
+    attrs: Attrs
 
 
 @dataclass(slots=True)
-class Span:
+class Span(_Pickled):
     trace_id: str
     span_id: str
     parent_id: str
     name: str
     start: int
     end: int
-    attrs: dict[str, Any]
+    attrs: Attrs
     status_code: int
     status_message: str
     events: list[SpanEvent]
     proc: Proc
-
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        """Pickled as the tuple of its fields (``otlpjson`` passes half the records of a large run from the
-        process that read them): the default for a slots class, a dict per record, is twice the work."""
-        return (type(self), _FIELDS[type(self)](self))
 
     @property
     def failed(self) -> bool:
@@ -88,21 +94,16 @@ class Span:
 
 
 @dataclass(slots=True)
-class LogRecord:
+class LogRecord(_Pickled):
     time: int  # the record's time, or its observed time when the writer left it out
     severity: int
     severity_text: str
-    body: Any
+    body: AttrValue
     event_name: str
-    attrs: dict[str, Any]
+    attrs: Attrs
     trace_id: str
     span_id: str
     proc: Proc
-
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        """Pickled as the tuple of its fields (``otlpjson`` passes half the records of a large run from the
-        process that read them): the default for a slots class, a dict per record, is twice the work."""
-        return (type(self), _FIELDS[type(self)](self))
 
     @property
     def name(self) -> str:
@@ -111,7 +112,7 @@ class LogRecord:
 
 
 @dataclass(slots=True)
-class Point:
+class Point(_Pickled):
     """One data point of a metric; ``value`` is the number a chart plots (a histogram's mean).
 
     A histogram point also keeps its distribution: ``total`` (the sum), and for an explicit-bucket histogram its
@@ -125,7 +126,7 @@ class Point:
     unit: str
     time: int
     value: float | None
-    attrs: dict[str, Any]
+    attrs: Attrs
     proc: Proc
     monotonic: bool = False
     count: int | None = None
@@ -134,11 +135,6 @@ class Point:
     buckets: tuple[int, ...] = ()
     low: float | None = None
     high: float | None = None
-
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        """Pickled as the tuple of its fields (``otlpjson`` passes half the records of a large run from the
-        process that read them): the default for a slots class, a dict per record, is twice the work."""
-        return (type(self), _FIELDS[type(self)](self))
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile (0..1) of a histogram point, interpolated linearly inside the bucket where it falls
@@ -202,7 +198,7 @@ class Point:
 
 
 #: each record class's fields, in order, as one C call (``__reduce__``)
-_FIELDS: dict[type, Callable[[Any], tuple[Any, ...]]] = {
+_FIELDS: dict[type, Callable[[object], tuple[object, ...]]] = {
     cls: operator.attrgetter(*(f.name for f in dataclasses.fields(cls))) for cls in (SpanEvent, Span, LogRecord, Point)
 }
 

@@ -8,17 +8,39 @@ from __future__ import annotations
 import collections
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from torchelastic_otel import _names as names
 from torchelastic_otel.report.model import Job, as_int, as_str
-from torchelastic_otel.report.records import LogRecord
+from torchelastic_otel.report.records import Attrs, AttrValue, LogRecord
 
-__all__ = ["Stall", "stalls", "stack_top", "collectives_of", "rank_of", "restart_of", "STALLED_EVENT"]
+__all__ = ["Stall", "Group", "stalls", "stack_top", "collectives_of", "rank_of", "restart_of", "STALLED_EVENT"]
 
 STALLED_EVENT = names.WORKER_STALLED
 _COLLECTIVES = names.COLLECTIVES_PREFIX
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+), in (?P<function>.*)$')
+
+
+@dataclass
+class Group:
+    """One process group's collectives, as a rank's record tells them (``torchelastic.collectives.<group>.<field>``):
+    the sequence numbers of its last collective enqueued, started and completed, and the oldest one pending (its
+    name and number); ``None`` where the record does not say."""
+
+    last_enqueued: int | None = None
+    last_started: int | None = None
+    last_completed: int | None = None
+    pending: str | None = None
+    pending_seq: int | None = None
+
+    @property
+    def text(self) -> str:
+        """``last enqueued #11, completed #10, pending #11 gloo:all_reduce``."""
+        pending = f", pending #{self.pending_seq} {self.pending}" if self.pending else ""
+        return f"last enqueued #{self.last_enqueued}, completed #{self.last_completed}{pending}"
+
+
+#: the fields of a ``Group``: those the record's attribute names may end with
+_GROUP_FIELDS = frozenset(("last_enqueued", "last_started", "last_completed", "pending", "pending_seq"))
 
 
 @dataclass
@@ -33,7 +55,7 @@ class Stall:
     stack_top: str  # the innermost frame of the main thread
     code: str  # the main thread's line of the user's code
     stack: str
-    collectives: dict[str, dict[str, Any]] = field(default_factory=dict)
+    collectives: dict[str, Group] = field(default_factory=dict)
 
 
 def rank_of(rec: LogRecord) -> int | None:
@@ -58,7 +80,7 @@ def stack_top(stack: str) -> str:
     return top
 
 
-def _code(attrs: dict[str, Any]) -> str:
+def _code(attrs: Attrs) -> str:
     path = as_str(attrs.get("code.file.path"))
     if not path:
         return ""
@@ -75,8 +97,19 @@ def stalls(job: Job) -> list[Stall]:
         stack = as_str(rec.attrs.get(names.STACK))
         stall = found.get(key)
         if stall is None:
-            found[key] = Stall(key[1], key[0], rec.proc.host, since, rec.time, seconds, 1, stack_top(stack),
-                               _code(rec.attrs), stack, collectives_of(rec.attrs))  # fmt: skip
+            found[key] = Stall(
+                key[1],
+                key[0],
+                rec.proc.host,
+                since,
+                rec.time,
+                seconds,
+                1,
+                stack_top(stack),
+                _code(rec.attrs),
+                stack,
+                collectives_of(rec.attrs),
+            )
             continue
         stall.records += 1
         stall.seconds = max(stall.seconds, seconds)
@@ -85,20 +118,27 @@ def stalls(job: Job) -> list[Stall]:
     return sorted(found.values(), key=lambda s: (s.restart, s.since, s.rank if s.rank is not None else -1))
 
 
-def _float(raw: Any) -> float:
+def _float(raw: AttrValue) -> float:
+    if not isinstance(raw, (int, float, str)):
+        return 0.0
     try:
         return float(raw)
-    except (TypeError, ValueError):
+    except ValueError:
         return 0.0
 
 
-def collectives_of(attrs: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """``torchelastic.collectives.<group>.<field>`` attributes -> ``{group: {field: value}}``."""
-    out: dict[str, dict[str, Any]] = collections.defaultdict(dict)
+def collectives_of(attrs: Attrs) -> dict[str, Group]:
+    """``torchelastic.collectives.<group>.<field>`` attributes -> ``{group: Group}`` (a field of another name is
+    left out; its group is still there)."""
+    out: dict[str, Group] = collections.defaultdict(Group)
     for key, raw in attrs.items():
         if not key.startswith(_COLLECTIVES):
             continue
         group, _, name = key[len(_COLLECTIVES) :].rpartition(".")
         if group and name:
-            out[group][name] = as_str(raw) if name == "pending" else as_int(raw)
+            found = out[group]
+            if name == "pending":
+                found.pending = as_str(raw)
+            elif name in _GROUP_FIELDS:
+                setattr(found, name, as_int(raw))
     return dict(out)

@@ -17,6 +17,7 @@ from typing import IO
 
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import goodput as goodput_mod
+from torchelastic_otel.report import groups as groups_mod
 from torchelastic_otel.report import hosts as hosts_mod
 from torchelastic_otel.report import memory as memory_mod
 from torchelastic_otel.report import metrics as metrics_mod
@@ -45,8 +46,9 @@ class Text:
     def paint(self, text: str, code: str) -> str:
         return f"{code}{text}{_RESET}" if self.color else text
 
-    def add(self, line: str = "") -> None:
-        self.lines.append(line)
+    def add(self, line: str = "", code: str = "") -> None:
+        """Add ``line``, painted ``code`` (all of it) where given."""
+        self.lines.append(self.paint(line, code) if code else line)
 
     def heading(self, title: str) -> None:
         self.add()
@@ -55,8 +57,10 @@ class Text:
 
 def render(tel: Telemetry, jobs: list[Job], width: int = 100, color: bool = False) -> str:
     out = Text(color)
-    out.add(f"read {len(tel.files):,} file(s): {len(tel.spans):,} spans, {len(tel.logs):,} log records, "
-            f"{len(tel.points):,} metric points")  # fmt: skip
+    out.add(
+        f"read {len(tel.files):,} file(s): {len(tel.spans):,} spans, {len(tel.logs):,} log records, "
+        f"{len(tel.points):,} metric points"
+    )
     for job in jobs:
         _job(out, tel, job, width)
     _problems(out, tel.problems)
@@ -69,11 +73,13 @@ def outcome_line(job: Job, counts: hosts_mod.Counts | None = None) -> str:
     restarts = job.restart_count
     after = f" after {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""
     seconds = (job.end - job.start) / 1e9
-    return (f"run {job.run_id or '(no run id)'}: {job.outcome}{after} -- {counts.text}, {seconds:.1f} s, "
-            f"{hosts_mod.plural(counts.agents, 'agent')}")  # fmt: skip
+    return (
+        f"run {job.run_id or '(no run id)'}: {job.outcome}{after} -- {counts.text}, {seconds:.1f} s, "
+        f"{hosts_mod.plural(counts.agents, 'agent')}"
+    )
 
 
-def _job(out: Text, tel: Telemetry, job: Job, width: int) -> None:
+def _job(out: Text, tel: Telemetry, job: Job, width: int, live: bool = False) -> None:
     code = _GREEN if job.outcome == "SUCCEEDED" else _RED if job.outcome == "FAILED" else _YELLOW
     found = training.analyze(job)
     view = nodes_mod.overview(job, found)
@@ -82,11 +88,21 @@ def _job(out: Text, tel: Telemetry, job: Job, width: int) -> None:
         out.add(f"hosts: {view.hosts}")
     assessment = goodput_mod.assess(job, found)
     _verdict(out, assessment)
+    rates = training.step_rates(job) if live else {}
+    if live:
+        _now(out, job, found, assessment, rates)
     _root_causes(out, job)
     _deviating(out, view)
-    _timeline(out, job, view, width)
+    if not live:
+        _timeline(out, job, view, width)
     _where_the_time_went(out, assessment.goodput, width)
     _memory(out, job, assessment.creep)
+    if live:
+        _missing(out, found)
+        _live_ranks(out, job, found, rates)
+        if found.stalls:
+            _stalls(out, job, found.stalls)
+        return
     _training(out, job, found)
     out.heading("TRACE")
     for line in tree.render(job.spans, max_lines=80):
@@ -94,27 +110,35 @@ def _job(out: Text, tel: Telemetry, job: Job, width: int) -> None:
     _metrics(out, job, width)
 
 
-_MAX_NODES = 12  # deviating nodes listed in the first screen
-_MAX_NOTES = 4  # lines per deviating node
+_MAX_NODES = 12  # groups of deviating nodes listed in the first screen
+_MAX_NOTES = 4  # lines per group
 
 
 def _deviating(out: Text, view: nodes_mod.Overview) -> None:
-    """The nodes that deviate, what each of their ranks did; the healthy ones counted."""
+    """The nodes that deviate, grouped by what their ranks did (``groups``: one line for the many that failed
+    alike); the healthy ones counted."""
     if not view.deviating:
         return
     total = len(view.deviating) + len(view.healthy)
-    out.heading(f"DEVIATING NODES  ({len(view.deviating):,} of {total:,}; "
-                f"{hosts_mod.plural(len(view.healthy), 'healthy node')})")  # fmt: skip
-    for node in view.deviating[:_MAX_NODES]:
-        out.add(out.paint(f"{node.host or '(no host)'}  {', '.join(node.reasons)}: "
-                          f"{hosts_mod.rank_list(node.deviating_ranks)}", _RED))  # fmt: skip
-        for note in node.notes[:_MAX_NOTES]:
+    found = groups_mod.of(view)
+    grouped = f" in {hosts_mod.plural(len(found), 'group')}" if len(found) < len(view.deviating) else ""
+    out.heading(
+        f"DEVIATING NODES  ({len(view.deviating):,} of {total:,}{grouped}; "
+        f"{hosts_mod.plural(len(view.healthy), 'healthy node')})"
+    )
+    for group in found[:_MAX_NODES]:
+        out.add(group.line, _RED)
+        notes = group.notes()
+        for note in notes[:_MAX_NOTES]:
             out.add("  " + textwrap.shorten(note, 160, placeholder="..."))
-        if len(node.notes) > _MAX_NOTES:
-            out.add(f"  ... {len(node.notes) - _MAX_NOTES} more")
-    if len(view.deviating) > _MAX_NODES:
-        rest = view.deviating[_MAX_NODES:]
-        out.add(f"... {len(rest):,} more deviating nodes: {hosts_mod.summarize(n.host for n in rest)}")
+        if len(notes) > _MAX_NOTES:
+            out.add(f"  ... {len(notes) - _MAX_NOTES} more")
+    if len(found) > _MAX_NODES:
+        rest = [n for group in found[_MAX_NODES:] for n in group.nodes]
+        out.add(
+            f"... {len(rest):,} more deviating nodes in {hosts_mod.plural(len(found) - _MAX_NODES, 'group')}: "
+            f"{hosts_mod.summarize(n.host for n in rest)}"
+        )
 
 
 # ---- timeline --------------------------------------------------------------------------------------------------
@@ -134,7 +158,7 @@ def _timeline(out: Text, job: Job, view: nodes_mod.Overview, width: int) -> None
     out.add(" " * _LABEL + _axis(plot, span))
     for group in layout.groups:
         if len(layout.groups) > 1 or layout.bands:
-            out.add(out.paint(f"▾ {group.summary}", _RED if group.deviating else _DIM))
+            out.add(f"▾ {group.summary}", _RED if group.deviating else _DIM)
         for row in group.rows:
             _row(out, row, plot, col)
     if layout.rows_left_out:
@@ -142,13 +166,16 @@ def _timeline(out: Text, job: Job, view: nodes_mod.Overview, width: int) -> None
     if layout.deviating_left_out:
         out.add(f"... {layout.deviating_left_out:,} more deviating nodes (listed above)")
     if layout.bands:
-        out.add(out.paint(f"▸ {hosts_mod.plural(len(view.healthy), 'healthy node')}, folded: "
-                          f"{hosts_mod.summarize(n.host for n in view.healthy)}", _DIM))  # fmt: skip
+        out.add(
+            f"▸ {hosts_mod.plural(len(view.healthy), 'healthy node')}, folded: "
+            f"{hosts_mod.summarize(n.host for n in view.healthy)}",
+            _DIM,
+        )
         for row in layout.bands:
             _row(out, row, plot, col)
         for band in view.bands:
             out.add("  " + band.text())
-    out.add(out.paint("  █ ran  ▓ failed  ✗ root cause  ░ stopped by the agent  ↻ restart  |attempt|", _DIM))
+    out.add("  █ ran  ▓ failed  ✗ root cause  ░ stopped by the agent  ↻ restart  |attempt|", _DIM)
 
 
 def _row(out: Text, row: timeline.Row, plot: int, col: Callable[[int], int]) -> None:
@@ -189,7 +216,7 @@ def _draw(cells: list[str], paint: dict[int, str], bar: timeline.Bar, col: Calla
             for i in range(first, last + 1):
                 paint[i] = _GREEN
         return
-    state = bar.data.get("state", "unknown")
+    state = str(bar.data.get("state", "unknown"))
     for i in range(first, last + 1):
         cells[i] = _FILL.get(state, "█")
         paint[i] = _RED if state == "failed" else _YELLOW if state in ("terminated", "stopped") else _GREEN
@@ -198,10 +225,18 @@ def _draw(cells: list[str], paint: dict[int, str], bar: timeline.Bar, col: Calla
 # ---- verdict and where the time went -------------------------------------------------------------------------
 
 #: One character per cause in the bar (distinct without colour too), and its colour.
-BAR_CHARS = {"productive": "█", "startup": "s", "rendezvous": "=", "restart": "-", "checkpoint_save": "▒",
-             "checkpoint_load": "░", "lost_progress": "x", "input_wait": "▓", "stalled": "~"}  # fmt: skip
-_BAR_COLORS = {"productive": _GREEN, "lost_progress": _RED, "stalled": _RED, "input_wait": _YELLOW,
-               "restart": _YELLOW}  # fmt: skip
+BAR_CHARS = {
+    "productive": "█",
+    "startup": "s",
+    "rendezvous": "=",
+    "restart": "-",
+    "checkpoint_save": "▒",
+    "checkpoint_load": "░",
+    "lost_progress": "x",
+    "input_wait": "▓",
+    "stalled": "~",
+}
+_BAR_COLORS = {"productive": _GREEN, "lost_progress": _RED, "stalled": _RED, "input_wait": _YELLOW, "restart": _YELLOW}
 
 
 def cause_label(cause: str) -> str:
@@ -236,15 +271,19 @@ def bar_columns(seconds: dict[str, float], columns: int) -> dict[str, int]:
 
 def _bar(out: Text, seconds: dict[str, float], columns: int) -> str:
     cols = bar_columns(seconds, columns)
-    return "".join(out.paint(BAR_CHARS[c] * n, _BAR_COLORS.get(c, _DIM)) if out.color else BAR_CHARS[c] * n
-                   for c, n in cols.items() if n)  # fmt: skip
+    return "".join(
+        out.paint(BAR_CHARS[c] * n, _BAR_COLORS.get(c, _DIM)) if out.color else BAR_CHARS[c] * n
+        for c, n in cols.items()
+        if n
+    )
 
 
 def _shares(out: Text, first: str, seconds: dict[str, float], indent: int, width: int) -> None:
     """``first`` then ``█ productive 62.1 %`` for every cause there is, wrapped at ``width`` between causes."""
     total = sum(seconds.values())
-    items = [f"{BAR_CHARS[c]} {cause_label(c)} {percent(seconds[c], total)}" for c in goodput_mod.CAUSES
-             if seconds[c] > 0]  # fmt: skip
+    items = [
+        f"{BAR_CHARS[c]} {cause_label(c)} {percent(seconds[c], total)}" for c in goodput_mod.CAUSES if seconds[c] > 0
+    ]
     line = " " * indent + first
     for item in items:
         if len(line) + 2 + len(item) > width and line.strip():
@@ -259,8 +298,7 @@ def _where_the_time_went(out: Text, found: goodput_mod.Goodput, width: int) -> N
         return
     out.heading(f"WHERE THE TIME WENT  (each rank's wall time by cause, the mean over {len(found.ranks)} ranks)")
     if not found.measured:
-        out.add(out.paint("  no goodput counters in these files: a worker's time is start-up, or lost if it failed",
-                          _DIM))  # fmt: skip
+        out.add("  no goodput counters in these files: a worker's time is start-up, or lost if it failed", _DIM)
     label = 12
     columns = max(20, width - label - 2)
     ratio = found.ratio
@@ -288,15 +326,17 @@ def _root_causes(out: Text, job: Job) -> None:
         if cause is None:
             out.add(f"attempt {attempt.restart}: failed ({attempt.status or 'no failure records in these files'})")
             continue
-        out.add(out.paint(f"attempt {attempt.restart}: {cause.headline}", _RED))
+        out.add(f"attempt {attempt.restart}: {cause.headline}", _RED)
         _cause_details(out, cause)
         for restart, agents in restarts:
             if restart.restart == attempt.restart + 1:
                 following = [a for a in job.attempts if a.restart == restart.restart]
                 result = f" -> {_how_it_went(following)}" if following else ""
                 on = f" on {hosts_mod.plural(agents, 'agent')}" if agents > 1 else ""
-                out.add(f"  ↻ restart {restart.restart} at {timeline.seconds(job, restart.time)} "
-                        f"(reason: {restart.reason or '?'}){on}: attempt {restart.restart}{result}")  # fmt: skip
+                out.add(
+                    f"  ↻ restart {restart.restart} at {timeline.seconds(job, restart.time)} "
+                    f"(reason: {restart.reason or '?'}){on}: attempt {restart.restart}{result}"
+                )
 
 
 def _how_it_went(attempts: list[Attempt]) -> str:
@@ -312,7 +352,7 @@ def _cause_details(out: Text, cause: RootCause) -> None:
     if cause.consequences:
         out.add(f"  then failed or stopped: {hosts_mod.rank_list(cause.consequences)}")
     if cause.source == "derived":
-        out.add(out.paint("  (chosen from the agent's failure records: the first rank not stopped by the agent)", _DIM))
+        out.add("  (chosen from the agent's failure records: the first rank not stopped by the agent)", _DIM)
     trace = cause.stacktrace.rstrip().splitlines()
     if trace:
         if len(trace) > _TRACEBACK_LINES:
@@ -337,11 +377,11 @@ def _memory(out: Text, job: Job, creeps: list[memory_mod.Creep]) -> None:
         return
     out.heading("MEMORY")
     for creep in creeps[:_MAX_CREEPS]:
-        out.add(out.paint(f"memory creeps: {creep.text}", _RED))
+        out.add(f"memory creeps: {creep.text}", _RED)
     if len(creeps) > _MAX_CREEPS:
         out.add(f"... {len(creeps) - _MAX_CREEPS} more (see --json or the HTML report)")
     if left_out:
-        out.add(out.paint(f"{left_out:,} memory points left out: not a memory size", _DIM))
+        out.add(f"{left_out:,} memory points left out: not a memory size", _DIM)
 
 
 # ---- training: stragglers, stalls, missing ranks -------------------------------------------------------------
@@ -350,12 +390,7 @@ _MAX_STALLS = 16
 
 
 def _training(out: Text, job: Job, found: training.Training) -> None:
-    if found.missing:
-        out.heading("MISSING FROM A COLLECTIVE  (the other ranks waited for them inside it)")
-        for missing in found.missing:
-            waited = ", ".join(map(str, missing.waiting))
-            out.add(out.paint(f"attempt {missing.restart}: {missing.sentence}", _RED) +
-                    f" (rank{'s' if len(missing.waiting) > 1 else ''} {waited} waited in it)")  # fmt: skip
+    _missing(out, found)
     if any(r.arrival is not None for r in found.ranks):
         _stragglers(out, found)
     if any(v is not None for r in found.ranks for v in r.phases.values()):
@@ -364,47 +399,57 @@ def _training(out: Text, job: Job, found: training.Training) -> None:
         _stalls(out, job, found.stalls)
 
 
+def _missing(out: Text, found: training.Training) -> None:
+    if not found.missing:
+        return
+    out.heading("MISSING FROM A COLLECTIVE  (the other ranks waited for them inside it)")
+    for missing in found.missing:
+        waited = ", ".join(map(str, missing.waiting))
+        out.add(
+            out.paint(f"attempt {missing.restart}: {missing.sentence}", _RED)
+            + f" (rank{'s' if len(missing.waiting) > 1 else ''} {waited} waited in it)"
+        )
+
+
 MAX_TABLE_RANKS = 32
 
 
-def table_ranks(found: training.Training, limit: int = MAX_TABLE_RANKS) -> tuple[list[training.RankSteps], int]:
-    """The rows of a per-rank table: every rank when they fit, else the stragglers and then the slowest arrivals
-    (in table order), and how many were left out."""
-    if len(found.ranks) <= limit:
-        return found.ranks, 0
-    keep = sorted(found.ranks, key=lambda r: (not r.straggler, -(r.ratio or 0.0)))[:limit]
-    chosen = {id(r) for r in keep}
-    return [r for r in found.ranks if id(r) in chosen], len(found.ranks) - limit
-
-
-def _ms(seconds: float | None) -> str:
-    return "" if seconds is None else f"{seconds * 1000:,.1f} ms"
-
-
 def _stragglers(out: Text, found: training.Training) -> None:
-    out.heading(f"STRAGGLERS  (arrival at each step's last collective against the attempt's median rank; a "
-                f"straggler arrives {training.STRAGGLER_RATIO}x and {round(training.STRAGGLER_DELAY * 100)} % of the "
-                "step or more later in most of its steps)")  # fmt: skip
+    out.heading(
+        f"STRAGGLERS  (arrival at each step's last collective against the attempt's median rank; a "
+        f"straggler arrives {training.STRAGGLER_RATIO}x and {round(training.STRAGGLER_DELAY * 100)} % of the "
+        "step or more later in most of its steps)"
+    )
     for rank in found.stragglers:
         times = rank.ratio if rank.ratio is not None else rank.median_ratio or 0.0
-        out.add(out.paint(f"attempt {rank.restart}: rank {rank.rank}{' (' + rank.host + ')' if rank.host else ''} is "
-                          f"a straggler: {times:.2f}x the median rank", _RED))  # fmt: skip
+        out.add(
+            f"attempt {rank.restart}: rank {rank.rank}{' (' + rank.host + ')' if rank.host else ''} is "
+            f"a straggler: {times:.2f}x the median rank",
+            _RED,
+        )
         if rank.straggler_reason:
             out.add(f"  {rank.straggler_reason}")
     if not found.stragglers:
-        out.add(f"no straggler: no rank arrives {round(training.STRAGGLER_DELAY * 100)} % of the step later than the "
-                "median rank in most of its steps")  # fmt: skip
+        out.add(
+            f"no straggler: no rank arrives {round(training.STRAGGLER_DELAY * 100)} % of the step later than the "
+            "median rank in most of its steps"
+        )
     out.add(f"{'attempt':>7} {'rank':>5}  {'host':<16}{'arrival':>12}{'ratio':>8}{'step time':>12}{'steps':>8}")
-    shown, left_out = table_ranks(found)
+    shown, left_out = found.table_ranks(MAX_TABLE_RANKS)
     for rank in shown:
         ratio = f"{rank.ratio:.2f}" if rank.ratio is not None else ""
-        line = (f"{rank.restart:>7} {rank.rank:>5}  {rank.host[:15]:<16}{_ms(rank.arrival):>12}{ratio:>8}"
-                f"{_ms(rank.step):>12}{rank.steps:>8}")  # fmt: skip
+        line = (
+            f"{rank.restart:>7} {rank.rank:>5}  {rank.host[:15]:<16}{training.ms(rank.arrival):>12}{ratio:>8}"
+            f"{training.ms(rank.step):>12}{rank.steps:>8}"
+        )
         out.add(out.paint(line + "  <- straggler", _RED) if rank.straggler else line)
     if left_out:
         out.add(f"... {left_out:,} more ranks, none a straggler (see --json)")
-    out.add(out.paint("  step time is the same on every rank of a synchronous job: the fast ranks wait for the slow "
-                      "one inside the collective", _DIM))  # fmt: skip
+    out.add(
+        "  step time is the same on every rank of a synchronous job: the fast ranks wait for the slow "
+        "one inside the collective",
+        _DIM,
+    )
 
 
 def _phases(out: Text, found: training.Training) -> None:
@@ -413,12 +458,12 @@ def _phases(out: Text, found: training.Training) -> None:
     out.heading(f"STEP PHASES  (each rank's median per step, of {names.WORKER_STEP_PHASE_DURATION}{clock})")
     cell = 11
     extra = f"{'clock':>7}{'GPU idle':>10}" if gpu else ""
-    out.add(f"{'attempt':>7} {'rank':>5}" + "".join(f"{_PHASE_LABELS[p]:>{cell}}" for p in goodput_mod.PHASES)
-            + extra)  # fmt: skip
-    shown, left_out = table_ranks(found)
+    out.add(f"{'attempt':>7} {'rank':>5}" + "".join(f"{_PHASE_LABELS[p]:>{cell}}" for p in goodput_mod.PHASES) + extra)
+    shown, left_out = found.table_ranks(MAX_TABLE_RANKS)
     for rank in shown:
-        row = f"{rank.restart:>7} {rank.rank:>5}" + "".join(f"{_ms(rank.phases.get(p)):>{cell}}"
-                                                            for p in goodput_mod.PHASES)  # fmt: skip
+        row = f"{rank.restart:>7} {rank.rank:>5}" + "".join(
+            f"{training.ms(rank.phases.get(p)):>{cell}}" for p in goodput_mod.PHASES
+        )
         if gpu:
             device = rank.clock == goodput_mod.CLOCK_DEVICE
             idle = f"{rank.gpu_idle * 100:.1f} %" if rank.gpu_idle is not None else ""
@@ -428,22 +473,28 @@ def _phases(out: Text, found: training.Training) -> None:
         out.add(f"... {left_out:,} more ranks (see --json)")
 
 
-_PHASE_LABELS = {"input": "input", "forward": "forward", "backward": "backward", "optimizer": "optimizer",
-                 "collective_wait": "coll. wait", "other": "other"}  # fmt: skip
+_PHASE_LABELS = {
+    "input": "input",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "collective_wait": "coll. wait",
+    "other": "other",
+}
 
 
 def _stalls(out: Text, job: Job, stalls: list[training.Stall]) -> None:
     out.heading("STALLS  (torchelastic.worker.stalled: no step and no collective completed for the threshold)")
     for stall in stalls[:_MAX_STALLS]:
         repeats = f", {stall.records} records" if stall.records > 1 else ""
-        out.add(f"attempt {stall.restart}: rank {stall.rank} stalled at {timeline.seconds(job, stall.since)} for "
-                f"{stall.seconds:.1f} s{repeats}: {stall.stack_top or '(no stack)'}")  # fmt: skip
+        out.add(
+            f"attempt {stall.restart}: rank {stall.rank} stalled at {timeline.seconds(job, stall.since)} for "
+            f"{stall.seconds:.1f} s{repeats}: {stall.stack_top or '(no stack)'}"
+        )
         if stall.code:
             out.add(f"    your code: {stall.code}")
         for group, fields in sorted(stall.collectives.items()):
-            pending = f", pending #{fields.get('pending_seq')} {fields.get('pending')}" if fields.get("pending") else ""
-            out.add(f"    {group}: last enqueued #{fields.get('last_enqueued')}, "
-                    f"completed #{fields.get('last_completed')}{pending}")  # fmt: skip
+            out.add(f"    {group}: {fields.text}")
     if len(stalls) > _MAX_STALLS:
         out.add(f"... {len(stalls) - _MAX_STALLS} more stalls (see --json or the HTML report)")
 
@@ -465,8 +516,9 @@ def _metrics(out: Text, job: Job, width: int) -> None:
         label = label if len(label) < name_width else label[: name_width - 4] + "..."
         out.add(f"{label:<{name_width}}" + "".join(f"{c[: cell - 1]:>{cell}}" for c in cells))
     if table.left_out_rows or table.left_out_columns:
-        out.add(f"... {table.left_out_rows} more metric streams, {table.left_out_columns} more ranks "
-                "(see the HTML report)")  # fmt: skip
+        out.add(
+            f"... {table.left_out_rows} more metric streams, {table.left_out_columns} more ranks (see the HTML report)"
+        )
 
 
 def _problems(out: Text, problems: Problems) -> None:
@@ -476,3 +528,139 @@ def _problems(out: Text, problems: Problems) -> None:
     out.add(", ".join(f"{reason}: {n}" for reason, n in sorted(problems.counts.items())))
     for example in problems.examples[:10]:
         out.add("  " + example)
+
+
+# ---- the live view (``report --follow``) ----------------------------------------------------------------------
+
+
+def live(tel: Telemetry, jobs: list[Job], width: int = 100, color: bool = False) -> list[str]:
+    """The lines of the live view of a running job (``follow``): per run the report's first sections as they stand
+    -- outcome, verdict, what is happening now (``_now``), root causes and restarts, the deviating nodes, where the
+    time went, memory --, then each rank's step rate and phases in its latest attempt, the ranks missing from a
+    collective and the stalls; then the input skipped. No timeline, trace tree nor metric table: the full report
+    comes when the run ends."""
+    out = Text(color)
+    for job in jobs:
+        _job(out, tel, job, width, live=True)
+    _problems(out, tel.problems)
+    return out.lines
+
+
+def _now(
+    out: Text,
+    job: Job,
+    found: training.Training,
+    assessment: goodput_mod.Assessment,
+    step_rates: dict[tuple[int, int], float],
+) -> None:
+    """One line for each thing that deviates as it stands: the latest attempt, a rank that failed (before its
+    agent's verdict, by its own exception record), the root causes, the stragglers, stalls, missing ranks and
+    memory that creeps."""
+    latest = max((a.restart for a in job.attempts), default=None)
+    if latest is None:
+        return
+    attempts = [a for a in job.attempts if a.restart == latest]
+    state = _how_it_went(attempts)
+    start = min(a.start for a in attempts)
+    rates = {rank: rate for (restart, rank), rate in step_rates.items() if restart == latest}
+    ranks = {w.rank for a in attempts for w in a.workers if w.rank is not None}
+    line = f"attempt {latest} {state}: {hosts_mod.plural(len(ranks), 'rank')}, {(job.end - start) / 1e9:.1f} s"
+    if rates:
+        median = sorted(rates.values())[len(rates) // 2]
+        slowest = min(rates, key=lambda rank: rates[rank])
+        line += f"; {median:.2f} steps/s (the median rank's, over the last {training.RATE_WINDOW:g} s)"
+        if rates[slowest] < 0.95 * median:  # a rank a step or more behind in 20
+            line += f", slowest rank {slowest}: {rates[slowest]:.2f}"
+    out.heading("NOW  " + line)
+    told = False
+    for attempt in hosts_mod.failed_attempts(job):
+        cause = attempt.root_cause
+        if cause is not None:
+            out.add(f"  ✗ attempt {attempt.restart}: root cause {cause.headline}", _RED)
+            told = True
+            continue
+        failed = sorted(
+            (run for run in attempt.workers if run.state == "failed" and run.exception),
+            key=lambda run: run.failed_at or run.end,
+        )
+        if failed:  # the rank's own exception record came first: the one that failed first, until the agent says
+            first = failed[0]
+            more = f"; {hosts_mod.plural(len(failed) - 1, 'rank')} failed after it" if len(failed) > 1 else ""
+            out.add(
+                f"  ✗ attempt {attempt.restart}: rank {first.rank} failed first: "
+                + textwrap.shorten(first.exception, 120, placeholder="...")
+                + f" (its own record; the agent's verdict is to come{more})",
+                _RED,
+            )
+            told = True
+    for restart, _ in hosts_mod.restarts(job):
+        out.add(f"  ↻ restart {restart.restart} at {timeline.seconds(job, restart.time)} ({restart.reason or '?'})")
+    for rank in found.stragglers:
+        where = f" ({rank.host})" if rank.host else ""
+        times = rank.ratio if rank.ratio is not None else rank.median_ratio or 0.0
+        out.add(
+            f"  ▲ attempt {rank.restart}: rank {rank.rank}{where} is a straggler: {times:.2f}x the median rank", _RED
+        )
+        told = True
+    for stall in found.stalls:
+        out.add(
+            f"  ■ attempt {stall.restart}: rank {stall.rank} stalled at {timeline.seconds(job, stall.since)} for "
+            f"{stall.seconds:.1f} s: {stall.stack_top or '(no stack)'}",
+            _RED,
+        )
+        told = True
+    for missing in found.missing:
+        out.add(f"  ⋯ attempt {missing.restart}: {missing.sentence}", _RED)
+        told = True
+    for creep in assessment.creep[:_MAX_CREEPS]:
+        out.add(f"  ↗ memory creeps: {creep.text}", _RED)
+        told = True
+    if not told:
+        out.add("  no failure, straggler, stall nor missing rank so far", _DIM)
+
+
+MAX_LIVE_RANKS = 16
+
+
+def _live_ranks(out: Text, job: Job, found: training.Training, step_rates: dict[tuple[int, int], float]) -> None:
+    """The latest attempt's ranks: steps, steps a second (``training.step_rates``), step time, arrival ratio and the
+    median of each phase; the stragglers and the slowest first where they do not all fit."""
+    latest = max((a.restart for a in job.attempts), default=None)
+    rates = {rank: rate for (restart, rank), rate in step_rates.items() if restart == latest}
+    rows = {r.rank: r for r in found.ranks if r.restart == latest}
+    ranks = sorted(set(rows) | set(rates))
+    if not ranks:
+        return
+    if len(ranks) > MAX_LIVE_RANKS:
+
+        def slow(rank: int) -> tuple[bool, float, float]:
+            row = rows.get(rank)
+            return (not (row is not None and row.straggler), rates.get(rank, 0.0), -((row and row.ratio) or 0.0))
+
+        ranks = sorted(sorted(ranks, key=slow)[:MAX_LIVE_RANKS])
+    out.heading(
+        f"RANKS  (attempt {latest}; steps/s over the last {training.RATE_WINDOW:g} s; the median of each phase a step)"
+    )
+    cell = 11
+    out.add(
+        f"{'rank':>5}  {'host':<12}{'steps':>8}{'steps/s':>9}{'step time':>11}{'ratio':>7}"
+        + "".join(f"{_PHASE_LABELS[p]:>{cell}}" for p in goodput_mod.PHASES)
+    )
+    for rank in ranks:
+        row = rows.get(rank)
+        rate = f"{rates[rank]:.2f}" if rank in rates else ""
+        steps = f"{row.steps:,}" if row is not None and row.steps else ""
+        ratio = f"{row.ratio:.2f}" if row is not None and row.ratio is not None else ""
+        phases = "".join(
+            f"{training.ms(row.phases.get(p) if row is not None else None):>{cell}}" for p in goodput_mod.PHASES
+        )
+        line = (
+            f"{rank:>5}  {(row.host if row is not None else '')[:11]:<12}{steps:>8}{rate:>9}"
+            f"{training.ms(row.step if row is not None else None):>11}{ratio:>7}{phases}"
+        )
+        out.add(out.paint(line + "  <- straggler", _RED) if row is not None and row.straggler else line)
+    left_out = len(set(rows) | set(rates)) - len(ranks)
+    if left_out:
+        values = sorted(rates.values())
+        spread = f": {values[0]:.2f} to {values[-1]:.2f} steps/s" if values else ""
+        out.add(f"... {left_out:,} more ranks{spread}", _DIM)

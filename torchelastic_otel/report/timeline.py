@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any
 
 from torchelastic_otel.report import hosts as hosts_mod
 from torchelastic_otel.report.model import Agent, Attempt, Job, WorkerRun
 from torchelastic_otel.report.nodes import Band, Node, Overview
-from torchelastic_otel.report.records import Span
+from torchelastic_otel.report.records import Proc, Span
 
 
 @dataclass
@@ -32,7 +31,7 @@ class Bar:
     cls: str
     label: str
     title: str
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, int | str | None] = field(default_factory=dict)  # what the HTML gives the script
 
 
 @dataclass
@@ -152,8 +151,16 @@ def _band_row(job: Job, band: Band) -> Row:
     state = "stopped" if set(band.states) <= {"terminated", "stopped"} and band.states else "ok"
     label = f"{band.nodes:,} healthy"
     row = Row(f"band:{band.restart}", label, "band")
-    row.bars.append(Bar(band.start, max(band.end, band.start), f"band {state}", f"attempt {band.restart}",
-                        band.text(), {"attempt": band.restart, "nodes": band.nodes}))  # fmt: skip
+    row.bars.append(
+        Bar(
+            band.start,
+            max(band.end, band.start),
+            f"band {state}",
+            f"attempt {band.restart}",
+            band.text(),
+            {"attempt": band.restart, "nodes": band.nodes},
+        )
+    )
     return row
 
 
@@ -178,14 +185,18 @@ def _agent_row(job: Job, agent: Agent) -> Row:
     for restart in job.restarts:
         if not restart.host or restart.host == agent.host:
             row.marks.append(
-                Mark(restart.time, "restart", f"↻ restart {restart.restart}",
-                     f"restart {restart.restart} at {seconds(job, restart.time)} (reason: {restart.reason or '?'})")
-            )  # fmt: skip
+                Mark(
+                    restart.time,
+                    "restart",
+                    f"↻ restart {restart.restart}",
+                    f"restart {restart.restart} at {seconds(job, restart.time)} (reason: {restart.reason or '?'})",
+                )
+            )
     return row
 
 
 def _rank_rows(job: Job, agent: Agent) -> list[Row]:
-    by_rank: dict[Any, list[tuple[Attempt, WorkerRun]]] = collections.defaultdict(list)
+    by_rank: dict[int | None, list[tuple[Attempt, WorkerRun]]] = collections.defaultdict(list)
     for attempt in agent.attempts:
         for run in attempt.workers:
             by_rank[run.rank].append((attempt, run))
@@ -210,8 +221,14 @@ def _worker_bar(job: Job, attempt: Attempt, run: WorkerRun) -> Bar:
     if run.exception:
         lines.append(run.exception[:300])
     cls = f"worker {run.state}" + (" root-cause" if run.root_cause else "")
-    return Bar(run.start, run.end, cls, f"restart {run.restart}", "\n".join(lines),
-               {"rank": run.rank, "restart": run.restart, "attempt": attempt.restart, "state": run.state})  # fmt: skip
+    return Bar(
+        run.start,
+        run.end,
+        cls,
+        f"restart {run.restart}",
+        "\n".join(lines),
+        {"rank": run.rank, "restart": run.restart, "attempt": attempt.restart, "state": run.state},
+    )
 
 
 def _worker_marks(job: Job, run: WorkerRun) -> list[Mark]:
@@ -235,7 +252,7 @@ def _span_bar(job: Job, span: Span) -> Bar:
 
 def _process_rows(job: Job) -> list[Row]:
     """Processes that are neither a torchrun agent nor a worker: their spans."""
-    by_proc: dict[Any, list[Span]] = collections.defaultdict(list)
+    by_proc: dict[Proc, list[Span]] = collections.defaultdict(list)
     for span in job.spans:
         if span.proc.kind == "process":
             by_proc[span.proc].append(span)
@@ -273,5 +290,10 @@ def _merge(group: list[Bar]) -> Bar:
     names = collections.Counter(b.label for b in group).most_common(3)
     title = f"{len(group)} spans: " + ", ".join(f"{n} x{c}" for n, c in names)
     failed = any("failed" in b.cls for b in group)
-    return Bar(group[0].start, max(b.end for b in group), "span merged" + (" failed" if failed else ""),
-               f"{len(group)} spans", title)  # fmt: skip
+    return Bar(
+        group[0].start,
+        max(b.end for b in group),
+        "span merged" + (" failed" if failed else ""),
+        f"{len(group)} spans",
+        title,
+    )

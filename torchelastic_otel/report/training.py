@@ -8,8 +8,9 @@ From the workers' own telemetry (``torchelastic_otel._torch.worker.steps`` / ``c
   ``TorchElasticStraggler``. A rank is a *straggler* when a delay that matters is seen in most of its steps,
   measured so that a few slow steps (a descheduled process, a first step's warm-up) decide nothing:
 
-  - its median arrival (``torchelastic.worker.step.arrival.median``, over its last 1,001 steps; in older files the
-    median interpolated in the histogram's buckets) is ``STRAGGLER_RATIO`` (1.2) times the median rank's or more,
+  - its median arrival (``torchelastic.worker.step.arrival.median``, over its most recent steps; in files without
+    that gauge the median interpolated in the histogram's buckets) is ``STRAGGLER_RATIO`` (1.2) times the median
+    rank's or more,
   - and later than it by ``STRAGGLER_DELAY`` (10 %) of the attempt's median step or more (a ratio of two
     sub-millisecond arrivals is no delay: the step is what a straggler slows),
   - in more than ``STRAGGLER_MOST`` (half) of its steps: the steps it arrived later than the median rank's
@@ -37,19 +38,16 @@ import collections
 import datetime
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
 
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import goodput as goodput_mod
+from torchelastic_otel.report import groups as groups_mod
 from torchelastic_otel.report import hosts as hosts_mod
 from torchelastic_otel.report import memory as memory_mod
-from torchelastic_otel.report.model import (
-    EXCEPTION_EVENT,
-    TERMINATED_EVENT,
-    Job,
-)
-from torchelastic_otel.report.records import Point
-from torchelastic_otel.report.stalls import STALLED_EVENT, Stall, collectives_of, stalls
+from torchelastic_otel.report import nodes as nodes_mod
+from torchelastic_otel.report.model import EXCEPTION_EVENT, TERMINATED_EVENT, Job, RootCause
+from torchelastic_otel.report.records import Point, Proc
+from torchelastic_otel.report.stalls import STALLED_EVENT, Group, Stall, collectives_of, stalls
 from torchelastic_otel.report.stalls import rank_of as _rank_of
 from torchelastic_otel.report.stalls import restart_of as _restart_of
 
@@ -57,10 +55,13 @@ __all__ = [
     "Training",
     "RankSteps",
     "Stall",
+    "Group",
     "Missing",
     "analyze",
     "stalls",
     "summary",
+    "step_rates",
+    "RATE_WINDOW",
     "STRAGGLER_RATIO",
     "STRAGGLER_DELAY",
     "STRAGGLER_MOST",
@@ -111,7 +112,7 @@ class RankSteps:
         late = min(self.arrival_steps, round(self.late_steps or 0.0))
         ratio = f"{self.median_ratio:.2f}x" if self.median_ratio is not None else "?"
         return (
-            f"rank {self.rank} arrives at its steps' last collective {_ms(self.delay_share * self.step_median)} "
+            f"rank {self.rank} arrives at its steps' last collective {ms(self.delay_share * self.step_median)} "
             f"({round(self.delay_share * 100)} % of the step) later than the median rank in {late:,} of "
             f"{self.arrival_steps:,} steps (its median {ratio} the median rank's; attempt {self.restart})"
         )
@@ -157,6 +158,15 @@ class Training:
     def stragglers(self) -> list[RankSteps]:
         return [r for r in self.ranks if r.straggler]
 
+    def table_ranks(self, limit: int) -> tuple[list[RankSteps], int]:
+        """The rows of a per-rank table: every rank when they fit, else the stragglers and then the slowest
+        arrivals (in table order), and how many were left out."""
+        if len(self.ranks) <= limit:
+            return self.ranks, 0
+        keep = sorted(self.ranks, key=lambda r: (not r.straggler, -(r.ratio or 0.0)))[:limit]
+        chosen = {id(r) for r in keep}
+        return [r for r in self.ranks if id(r) in chosen], len(self.ranks) - limit
+
     def __bool__(self) -> bool:
         return bool(self.ranks or self.stalls or self.missing)
 
@@ -189,6 +199,7 @@ def _rank_steps(job: Job, anatomy: dict[tuple[int, int], goodput_mod.Anatomy]) -
     arrivals = _worker_points(job, ARRIVAL)
     durations = _worker_points(job, DURATION)
     medians = _latest_values(job, names.WORKER_STEP_ARRIVAL_MEDIAN)
+    counted = _latest_values(job, names.WORKER_STEPS)  # exact: a fast loop's duration histogram is a sample
     hosts = {(p.restart or 0, p.rank): p.host for p in job.point_procs() if p.kind == "worker"}
     out = []
     last_arrival: dict[tuple[int, int], Point] = {}
@@ -198,18 +209,22 @@ def _rank_steps(job: Job, anatomy: dict[tuple[int, int], goodput_mod.Anatomy]) -
         found = anatomy.get(key)
         if arrival is not None:
             last_arrival[key] = arrival
-        out.append(RankSteps(
-            rank=key[1], restart=key[0], host=hosts.get(key, ""),
-            arrival=arrival.value if arrival is not None else None,
-            arrival_steps=(arrival.count or 0) if arrival is not None else 0,
-            step=duration.value if duration is not None else None,
-            steps=(duration.count or 0) + 1 if duration is not None else 0,
-            phases=found.medians if found is not None else dict.fromkeys(goodput_mod.PHASES),
-            clock=found.clock if found is not None else goodput_mod.CLOCK_HOST,
-            gpu_idle=found.gpu_idle if found is not None else None,
-            arrival_median=_median(medians.get(key), arrival),
-            step_median=_median(None, duration),
-        ))  # fmt: skip
+        out.append(
+            RankSteps(
+                rank=key[1],
+                restart=key[0],
+                host=hosts.get(key, ""),
+                arrival=arrival.value if arrival is not None else None,
+                arrival_steps=(arrival.count or 0) if arrival is not None else 0,
+                step=duration.value if duration is not None else None,
+                steps=_steps(counted.get(key), duration),
+                phases=found.medians if found is not None else dict.fromkeys(goodput_mod.PHASES),
+                clock=found.clock if found is not None else goodput_mod.CLOCK_HOST,
+                gpu_idle=found.gpu_idle if found is not None else None,
+                arrival_median=_median(medians.get(key), arrival),
+                step_median=_median(None, duration),
+            )
+        )
     for restart in {r.restart for r in out}:
         attempt = [r for r in out if r.restart == restart]
         same = [(r, r.arrival) for r in attempt if r.arrival is not None]
@@ -221,8 +236,15 @@ def _rank_steps(job: Job, anatomy: dict[tuple[int, int], goodput_mod.Anatomy]) -
     return out
 
 
+def _steps(counted: float | None, duration: Point | None) -> int:
+    """A worker's steps: its steps counter, else (files without it) its duration histogram's count and the first."""
+    if counted is not None and counted >= 0:
+        return int(counted)
+    return (duration.count or 0) + 1 if duration is not None else 0
+
+
 def _latest_values(job: Job, name: str) -> dict[tuple[int, int], float]:
-    """The latest value (by time) of gauge ``name`` per worker process (restart, rank)."""
+    """The latest value (by time) of gauge or cumulative sum ``name`` per worker process (restart, rank)."""
     latest: dict[tuple[int, int], Point] = {}
     for point in job.named(name):
         proc = point.proc
@@ -259,10 +281,13 @@ def _judge(attempt: list[RankSteps], arrivals: dict[tuple[int, int], Point]) -> 
         r.delay_share = (arrival - reference) / step
         r.late_steps = histogram.count_above(reference + STRAGGLER_DELAY * step) if histogram is not None else None
         r.straggler = (
-            r.median_ratio is not None and r.median_ratio >= STRAGGLER_RATIO and r.delay_share >= STRAGGLER_DELAY
-            and r.arrival_steps >= STRAGGLER_MIN_STEPS and r.late_steps is not None
+            r.median_ratio is not None
+            and r.median_ratio >= STRAGGLER_RATIO
+            and r.delay_share >= STRAGGLER_DELAY
+            and r.arrival_steps >= STRAGGLER_MIN_STEPS
+            and r.late_steps is not None
             and r.late_steps > STRAGGLER_MOST * r.arrival_steps
-        )  # fmt: skip
+        )
 
 
 def _arrival_series(job: Job, max_points: int = 150) -> list[Series]:
@@ -292,12 +317,41 @@ def _thin(points: list[tuple[int, float]], limit: int) -> list[tuple[int, float]
     return [points[round(i * step)] for i in range(limit)]
 
 
+#: The seconds a rank's step rate is taken over (``step_rates``).
+RATE_WINDOW = 30.0
+
+
+def step_rates(job: Job, window: float = RATE_WINDOW) -> dict[tuple[int, int], float]:
+    """Per worker (restart, rank): its steps a second over its last ``window`` seconds, from its own steps counter
+    (``torchelastic.worker.steps``, cumulative): the rise from its first point in the window (its point before the
+    last when the window holds only the last) to its last point, over the time between them. A worker with fewer
+    than two points has no rate; of a rank's processes, the one that counted the most steps."""
+    by_proc: dict[Proc, list[Point]] = collections.defaultdict(list)
+    for point in job.named(names.WORKER_STEPS):
+        proc = point.proc
+        if proc.kind == "worker" and proc.rank is not None and point.value is not None and point.time:
+            by_proc[proc].append(point)
+    rates: dict[tuple[int, int], tuple[float, float]] = {}  # -> (steps counted, rate)
+    for proc, points in by_proc.items():
+        points.sort(key=lambda p: p.time)
+        last = points[-1]
+        since = last.time - window * 1e9
+        first = next((p for p in points[:-1] if p.time >= since), points[-2] if len(points) > 1 else None)
+        if first is None or last.time <= first.time or last.value is None or first.value is None:
+            continue
+        rate = (last.value - first.value) / ((last.time - first.time) / 1e9)
+        key = (proc.restart or 0, proc.rank or 0)  # (a worker's: its rank is known)
+        if rate >= 0 and (key not in rates or last.value > rates[key][0]):
+            rates[key] = (last.value, rate)
+    return {key: rate for key, (_, rate) in sorted(rates.items())}
+
+
 # ---- missing ranks ---------------------------------------------------------------------------------------------
 
 
 def _missing(job: Job) -> list[Missing]:
     """Per attempt and process group (see the module's docstring)."""
-    latest: dict[tuple[int, str, int], dict[str, Any]] = {}  # (restart, group, rank) -> its latest summary
+    latest: dict[tuple[int, str, int], tuple[int, Group]] = {}  # (restart, group, rank) -> its last enqueued, summary
     names: dict[tuple[int, str, int], str] = {}  # (restart, group, seq) -> the pending collective's name
     records = sorted((r for name in _SUMMARY_EVENTS for r in job.logs_named(name)), key=lambda r: r.time)
     for rec in records:
@@ -306,21 +360,21 @@ def _missing(job: Job) -> list[Missing]:
             continue
         restart = _restart_of(rec)
         for group, fields in collectives_of(rec.attrs).items():
-            if fields.get("last_enqueued") is None:
+            if fields.last_enqueued is None:
                 continue
-            latest[(restart, group, rank)] = fields
-            seq = fields.get("pending_seq")
-            if fields.get("pending") and seq is not None:
-                names[(restart, group, seq)] = fields["pending"]
-    by_group: dict[tuple[int, str], dict[int, dict[str, Any]]] = collections.defaultdict(dict)
-    for (restart, group, rank), fields in latest.items():
-        by_group[(restart, group)][rank] = fields
+            latest[(restart, group, rank)] = (fields.last_enqueued, fields)
+            seq = fields.pending_seq
+            if fields.pending and seq is not None:
+                names[(restart, group, seq)] = fields.pending
+    by_group: dict[tuple[int, str], dict[int, tuple[int, Group]]] = collections.defaultdict(dict)
+    for (restart, group, rank), summary in latest.items():
+        by_group[(restart, group)][rank] = summary
     out = []
     for (restart, group), ranks in sorted(by_group.items()):
-        seq = max(f["last_enqueued"] for f in ranks.values())
-        waiting = sorted(r for r, f in ranks.items() if f["last_enqueued"] == seq)
-        stuck = [r for r in waiting if _below(ranks[r].get("last_completed"), seq) or (restart, group, seq) in names]
-        behind = sorted(r for r, f in ranks.items() if f["last_enqueued"] < seq)
+        seq = max(enqueued for enqueued, _ in ranks.values())
+        waiting = sorted(r for r, (enqueued, _) in ranks.items() if enqueued == seq)
+        stuck = [r for r in waiting if _below(ranks[r][1].last_completed, seq) or (restart, group, seq) in names]
+        behind = sorted(r for r, (enqueued, _) in ranks.items() if enqueued < seq)
         if len(ranks) < 2 or not behind or not stuck:
             continue
         out.append(Missing(restart, group, seq, names.get((restart, group, seq), ""), behind, waiting))
@@ -345,32 +399,23 @@ def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def summary(jobs: list[Job], problems: dict[str, int] | None = None) -> dict[str, Any]:
+def summary(jobs: list[Job], problems: dict[str, int] | None = None) -> dict[str, object]:
     """What ``torchelastic-otel report --json`` prints: per run its outcome, attempts, root causes, restarts,
     stragglers, steps (with each rank's ``phases``: median seconds per step), stalls, missing ranks, ``goodput``
     (``ratio`` and ``seconds`` by cause, the mean over ranks; ``goodput_attempts`` the same per attempt), the
     ``verdict`` (``goodput``) and the memory that creeps, with a CUDA device's forecast (``memory_creep``:
-    ``memory.creep_json``); a root cause's ``cuda_memory`` holds a CUDA OOM's figures (``memory.cuda_memory_json``)."""
+    ``memory.creep_json``); a root cause's ``cuda_memory`` holds a CUDA OOM's figures (``memory.cuda_memory_json``);
+    ``groups``: the deviating nodes grouped by what happened to them (``groups.Group.as_json``)."""
     return {"runs": [_run_summary(job) for job in jobs], "skipped": dict(problems or {})}
 
 
-def _run_summary(job: Job) -> dict[str, Any]:
+def _run_summary(job: Job) -> dict[str, object]:
     training = analyze(job)
     found = goodput_mod.assess(job, training)
     gp = found.goodput
     counts = hosts_mod.counts(job)
-    causes = []
-    for attempt in hosts_mod.failed_attempts(job):  # one per restart count, not one per agent
-        cause = attempt.root_cause
-        if cause is not None:
-            causes.append({
-                "attempt": attempt.restart, "rank": cause.rank, "local_rank": cause.local_rank, "host": cause.host,
-                "exit_code": cause.exit_code, "signal": cause.signal or None,
-                "exception_type": cause.exc_type or None, "exception_message": cause.exc_message or None,
-                "consequences": cause.consequences, "headline": cause.headline,
-                "cuda_memory": memory_mod.cuda_memory_json(cause.cuda_memory),
-            })  # fmt: skip
-    # fmt: off
+    # one root cause per restart count, not one per agent
+    causes = [_cause_json(a.restart, a.root_cause) for a in hosts_mod.failed_attempts(job) if a.root_cause is not None]
     return {
         "run_id": job.run_id,
         "outcome": job.outcome,
@@ -384,38 +429,88 @@ def _run_summary(job: Job) -> dict[str, Any]:
         "hosts": hosts_mod.summarize(hosts_mod.node_hosts(job)),
         "root_cause": causes[-1] if causes else None,
         "root_causes": causes,
-        "restarts": [{"restart": r.restart, "reason": r.reason or None, "time": _iso(r.time), "host": r.host}
-                     for r in job.restarts],
+        "restarts": [
+            {"restart": r.restart, "reason": r.reason or None, "time": _iso(r.time), "host": r.host}
+            for r in job.restarts
+        ],
         "stragglers": [_rank_json(r) for r in training.stragglers],
         "steps": [_rank_json(r) for r in training.ranks],
-        "stalls": [{
-            "rank": s.rank, "restart": s.restart, "host": s.host, "since": _iso(s.since),
-            "seconds": _round(s.seconds, 3), "records": s.records, "stack_top": s.stack_top, "code": s.code,
-        } for s in training.stalls],
-        "missing_ranks": [{
-            "process_group": m.process_group, "seq": m.seq, "collective": m.collective or None, "ranks": m.ranks,
-            "waiting": m.waiting, "restart": m.restart, "text": m.sentence,
-        } for m in training.missing],
+        "stalls": [_stall_json(s) for s in training.stalls],
+        "missing_ranks": [_missing_json(m) for m in training.missing],
         "goodput": {"ratio": gp.ratio, "seconds": _seconds(gp.seconds)},
-        "goodput_attempts": [{"attempt": restart, "ratio": gp.attempt_ratio(restart), "seconds": _seconds(seconds)}
-                             for restart, seconds in gp.attempts.items()],
+        "goodput_attempts": [
+            {"attempt": restart, "ratio": gp.attempt_ratio(restart), "seconds": _seconds(seconds)}
+            for restart, seconds in gp.attempts.items()
+        ],
         "verdict": {"verdict": found.verdict.verdict, "reason": found.verdict.reason, "steps": found.verdict.steps},
         "memory_creep": memory_mod.creep_json(found.creep),  # the verdict's memory-creep, each with its forecast
+        # the deviating nodes grouped by what happened to them, the root cause's group first (groups.Group.as_json)
+        "groups": [g.as_json() for g in groups_mod.of(nodes_mod.overview(job, training))],
     }
-    # fmt: on
 
 
-def _rank_json(r: RankSteps) -> dict[str, Any]:
+# The objects of the JSON, one function each: their keys are the output's format (a schema, alike by nature).
+
+
+def _cause_json(restart: int, cause: RootCause) -> dict[str, object]:
     return {
-        "rank": r.rank, "ratio": _round(r.ratio, 3), "restart": r.restart, "host": r.host,
-        "arrival_seconds": _round(r.arrival), "step_seconds": _round(r.step), "steps": r.steps,
+        "attempt": restart,
+        "rank": cause.rank,
+        "local_rank": cause.local_rank,
+        "host": cause.host,
+        "exit_code": cause.exit_code,
+        "signal": cause.signal or None,
+        "exception_type": cause.exc_type or None,
+        "exception_message": cause.exc_message or None,
+        "consequences": cause.consequences,
+        "headline": cause.headline,
+        "cuda_memory": memory_mod.cuda_memory_json(cause.cuda_memory),
+    }
+
+
+def _stall_json(s: Stall) -> dict[str, object]:
+    return {
+        "rank": s.rank,
+        "restart": s.restart,
+        "host": s.host,
+        "since": _iso(s.since),
+        "seconds": _round(s.seconds, 3),
+        "records": s.records,
+        "stack_top": s.stack_top,
+        "code": s.code,
+    }
+
+
+def _missing_json(m: Missing) -> dict[str, object]:
+    return {
+        "process_group": m.process_group,
+        "seq": m.seq,
+        "collective": m.collective or None,
+        "ranks": m.ranks,
+        "waiting": m.waiting,
+        "restart": m.restart,
+        "text": m.sentence,
+    }
+
+
+def _rank_json(r: RankSteps) -> dict[str, object]:
+    return {
+        "rank": r.rank,
+        "ratio": _round(r.ratio, 3),
+        "restart": r.restart,
+        "host": r.host,
+        "arrival_seconds": _round(r.arrival),
+        "step_seconds": _round(r.step),
+        "steps": r.steps,
         "phases": {phase: _round(r.phases.get(phase), 6) for phase in goodput_mod.PHASES},
-        "clock": r.clock, "gpu_idle": r.gpu_idle,  # goodput.fraction: rounded as every share
-    }  # fmt: skip
+        "clock": r.clock,
+        "gpu_idle": r.gpu_idle,  # goodput.fraction: rounded as every share
+    }
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:,.1f} ms"
+def ms(seconds: float | None) -> str:
+    """``12.5 ms``, as the tables and the verdict show seconds ("" for none)."""
+    return "" if seconds is None else f"{seconds * 1000:,.1f} ms"
 
 
 def _seconds(by_cause: dict[str, float]) -> dict[str, float]:

@@ -99,7 +99,7 @@ def render(spans: Iterable[Span], max_lines: int = 200) -> list[str]:
 
 def _in_order(spans: list[Span]) -> list[Span]:
     """By start, then name (two stable sorts on one attribute each, at C speed). Only the levels the tree shows
-    are sorted: 750,000 spans at 1,000 nodes, of which a tree shows a few hundred."""
+    are sorted: a large run has hundreds of thousands of spans, of which a tree shows a few hundred."""
     return sorted(sorted(spans, key=_NAME), key=_START)
 
 

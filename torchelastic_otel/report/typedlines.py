@@ -1,6 +1,6 @@
 """A line of OTLP JSON decoded by a typed schema: the reader's fast path, with msgspec (the ``report`` extra).
 
-Most of a 1,000-node run's reading time was spent making and converting objects no view reads: every attribute
+Most of the general path's time on a large run goes to making and converting objects no view reads: every attribute
 list is a list of ``{"key": ..., "value": {"stringValue": ...}}`` dicts, repeated on millions of records (every
 rank's ``{"step": 5}``, every output line's stream), and every item carries fields nothing reads (descriptions,
 flags, scopes). Decoded by msgspec into the ``Struct`` s below, an attribute list or a resource stays its raw JSON
@@ -16,75 +16,76 @@ ways and compares.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
-
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from torchelastic_otel.report import otlpvalues as general
-from torchelastic_otel.report.records import Point, Proc, SpanEvent, Telemetry
+from torchelastic_otel.report.records import Attrs, Point, Proc, SpanEvent
+from torchelastic_otel.report.sink import Sink
 
 _NULL = Raw(b"null")  # an absent attribute list or resource: decoded as ``None``, as the general path reads it
 
+# The schema, as far as the fast path reads a line: a Struct per OTLP message (alike by nature: declarations). A
+# field holds any JSON value (``object``): the general path's checks (``otlpvalues``) apply to it as written.
+
 
 class _Event(Struct, rename="camel"):
-    name: Any = None
-    time_unix_nano: Any = None
+    name: object = None
+    time_unix_nano: object = None
     attributes: Raw = _NULL
 
 
 class _Span(Struct, rename="camel"):
-    trace_id: Any = None
-    span_id: Any = None
-    parent_span_id: Any = None
-    name: Any = None
-    start_time_unix_nano: Any = None
-    end_time_unix_nano: Any = None
+    trace_id: object = None
+    span_id: object = None
+    parent_span_id: object = None
+    name: object = None
+    start_time_unix_nano: object = None
+    end_time_unix_nano: object = None
     attributes: Raw = _NULL
     events: list[_Event] | None = None
-    links: Any = None
-    status: Any = None
+    links: object = None
+    status: object = None
 
 
 class _Log(Struct, rename="camel"):
-    time_unix_nano: Any = None
-    observed_time_unix_nano: Any = None
-    severity_number: Any = None
-    severity_text: Any = None
-    body: Any = None
-    event_name: Any = None
+    time_unix_nano: object = None
+    observed_time_unix_nano: object = None
+    severity_number: object = None
+    severity_text: object = None
+    body: object = None
+    event_name: object = None
     attributes: Raw = _NULL
-    trace_id: Any = None
-    span_id: Any = None
+    trace_id: object = None
+    span_id: object = None
 
 
 class _DataPoint(Struct, rename="camel"):
     attributes: Raw = _NULL
-    time_unix_nano: Any = None
-    as_double: Any = None
-    as_int: Any = None
-    count: Any = None
-    sum: Any = None
-    explicit_bounds: Any = None
-    bucket_counts: Any = None
-    min: Any = None
-    max: Any = None
+    time_unix_nano: object = None
+    as_double: object = None
+    as_int: object = None
+    count: object = None
+    sum: object = None
+    explicit_bounds: object = None
+    bucket_counts: object = None
+    min: object = None
+    max: object = None
 
 
 class _Data(Struct, rename="camel"):
     data_points: list[_DataPoint] = []
-    is_monotonic: Any = False
+    is_monotonic: object = False
 
 
 class _Metric(Struct, rename="camel"):
-    name: Any = None
-    unit: Any = None
+    name: object = None
+    unit: object = None
     gauge: _Data | None = None
     sum: _Data | None = None
     histogram: _Data | None = None
-    exponential_histogram: Any = None  # not read by the fast path: such a line goes the general way
-    summary: Any = None
+    exponential_histogram: object = None  # not read by the fast path: such a line goes the general way
+    summary: object = None
 
 
 class _ScopeSpans(Struct, rename="camel"):
@@ -114,7 +115,7 @@ class _ResourceMetrics(Struct, rename="camel"):
     scope_metrics: list[_ScopeMetrics] = []
 
 
-class _Line(Struct, rename="camel", forbid_unknown_fields=True):
+class Line(Struct, rename="camel", forbid_unknown_fields=True):
     """A line: an unknown top-level key is the general path's to count."""
 
     resource_spans: list[_ResourceSpans] | UnsetType = UNSET
@@ -122,40 +123,20 @@ class _Line(Struct, rename="camel", forbid_unknown_fields=True):
     resource_metrics: list[_ResourceMetrics] | UnsetType = UNSET
 
 
-_DECODE = msgspec.json.Decoder(_Line).decode
+_DECODE = msgspec.json.Decoder(Line).decode
 _DECODE_ANY = msgspec.json.Decoder().decode
 #: distinct attribute lists (or resources) remembered by their text; past this many, new ones are converted each
 #: time (a run whose every record has its own attributes would otherwise keep each one's text twice)
 MAX_REMEMBERED = 1 << 18
 
 
-#: top-level key -> the ``_Line`` field
+#: top-level key -> the ``Line`` field
 _FIELDS = {"resourceSpans": "resource_spans", "resourceLogs": "resource_logs", "resourceMetrics": "resource_metrics"}
 
 
-def _named(line: _Line) -> bool:
+def _named(line: Line) -> bool:
     """Whether the line names a signal (an empty list of one is still OTLP)."""
     return any(blocks is not UNSET for blocks in (line.resource_spans, line.resource_logs, line.resource_metrics))
-
-
-class Reader(Protocol):
-    """What the typed path uses of ``otlpjson.Reader``: its records, caches and processes."""
-
-    telemetry: Telemetry
-    _bounds: dict[tuple[float, ...], tuple[float, ...]]
-
-    @property
-    def procs(self) -> Any: ...
-
-    def _shared(self, attrs: dict[str, Any]) -> dict[str, Any]: ...
-
-    def span(self, trace_id: Any, span_id: Any, parent_id: Any, name: Any, start: int, end: int, attrs: Any,
-             attrs_of: Callable[[Any], dict[str, Any]], status: dict[str, Any], events: list[SpanEvent],
-             proc: Proc) -> None: ...  # fmt: skip
-
-    def log(self, time: Any, observed: Any, severity: Any, severity_text: Any, body: Any, event_name: Any, attrs: Any,
-            attrs_of: Callable[[Any], dict[str, Any]], trace_id: Any, span_id: Any,
-            proc: Proc) -> None: ...  # fmt: skip
 
 
 class Bail(Exception):
@@ -163,25 +144,26 @@ class Bail(Exception):
 
 
 class TypedLines:
-    """The fast path of one ``Reader``: converts a line's items as the reader's general path does, or nothing."""
+    """The fast path of one ``otlpjson.Reader``: converts a line's items as its general path does, into the same
+    ``Sink``, or nothing."""
 
-    def __init__(self, reader: Reader) -> None:
-        self._reader = reader
-        self._attrs: dict[bytes, dict[str, Any]] = {}
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+        self._attrs: dict[bytes, Attrs] = {}
         self._procs: dict[bytes, Proc] = {}
 
     def forget(self) -> None:
         """Forget the texts seen (``Reader.forget``)."""
         self._attrs, self._procs = {}, {}
 
-    def read(self, text: str, pinned: Proc | None, pinned_key: str | None) -> _Line:
+    def read(self, text: str, pinned: Proc | None, pinned_key: str | None) -> Line:
         """Read ``text`` (a line, its first resource perhaps cut out: then ``pinned`` is the process of the first
         block of ``pinned_key``), or raise ``Bail`` having kept nothing."""
         try:
             line = _DECODE(text)
         except (msgspec.DecodeError, RecursionError) as exc:
             raise Bail from exc
-        tel = self._reader.telemetry
+        tel = self._sink.telemetry
         sizes = (len(tel.spans), len(tel.logs), len(tel.points))
         try:
             self._convert(line, pinned, pinned_key)
@@ -190,12 +172,12 @@ class TypedLines:
             raise Bail from exc
         return line
 
-    def first_resource(self, line: _Line, key: str) -> tuple[str, Proc]:
+    def first_resource(self, line: Line, key: str) -> tuple[str, Proc]:
         """The text of the first ``key`` block's resource, as the parser delimited it, and its process."""
         raw = getattr(line, _FIELDS[key])[0].resource
         return bytes(raw).decode(), self._proc(raw)
 
-    def _convert(self, line: _Line, pinned: Proc | None, pinned_key: str | None) -> None:
+    def _convert(self, line: Line, pinned: Proc | None, pinned_key: str | None) -> None:
         if not _named(line):
             raise Bail("no signal: the general path counts it")
         if line.resource_spans is not UNSET:
@@ -230,16 +212,16 @@ class TypedLines:
         key = bytes(raw)
         proc = self._procs.get(key)
         if proc is None:
-            proc = self._reader.procs.get(_DECODE_ANY(key) or {})
+            proc = self._sink.procs.get(_DECODE_ANY(key) or {})
             if len(self._procs) < MAX_REMEMBERED:
                 self._procs[key] = proc
         return proc
 
-    def _attributes(self, raw: Raw) -> dict[str, Any]:
+    def _attributes(self, raw: Raw) -> Attrs:
         key = bytes(raw)
         attrs = self._attrs.get(key)
         if attrs is None:
-            attrs = self._reader._shared(general.attributes(_DECODE_ANY(key)))
+            attrs = self._sink.shared(general.attributes(_DECODE_ANY(key)))
             if len(self._attrs) < MAX_REMEMBERED:
                 self._attrs[key] = attrs
         return attrs
@@ -247,47 +229,79 @@ class TypedLines:
     # ---- items: each as ``Reader._add_span`` / ``_add_log`` / ``_add_metric`` makes it ---------------------------
 
     def _add_span(self, span: _Span, proc: Proc) -> None:
-        reader = self._reader
+        sink = self._sink
         status = span.status
         if status is None:
-            status = general._EMPTY
+            status = general.EMPTY
         elif type(status) is not dict:
             raise Bail("status")
-        start = general._i64(span.start_time_unix_nano, "start_time_unix_nano")
-        end = general._i64(span.end_time_unix_nano, "end_time_unix_nano")
-        events = [self._event(event) for event in span.events] if span.events else general._NO_EVENTS
+        start = general.int64(span.start_time_unix_nano, "start_time_unix_nano")
+        end = general.int64(span.end_time_unix_nano, "end_time_unix_nano")
+        events = [self._event(event) for event in span.events] if span.events else general.NO_EVENTS
         links = span.links
         if links is not None and type(links) is not list:
             raise Bail("links")
-        reader.span(span.trace_id, span.span_id, span.parent_span_id, span.name, start, end, span.attributes,
-                    self._attributes, status, events, proc)  # fmt: skip
+        sink.span(
+            span.trace_id,
+            span.span_id,
+            span.parent_span_id,
+            span.name,
+            start,
+            end,
+            span.attributes,
+            self._attributes,
+            status,
+            events,
+            proc,
+        )
 
     def _event(self, event: _Event) -> SpanEvent:
         name = event.name
-        name = general._intern(name if type(name) is str else general._str(name, "name"))
-        return SpanEvent(name, general._i64(event.time_unix_nano, "time_unix_nano"), self._attributes(event.attributes))
+        name = general.intern(name if type(name) is str else general.string(name, "name"))
+        return SpanEvent(
+            name, general.int64(event.time_unix_nano, "time_unix_nano"), self._attributes(event.attributes)
+        )
 
     def _add_log(self, record: _Log, proc: Proc) -> None:
-        self._reader.log(record.time_unix_nano, record.observed_time_unix_nano, record.severity_number,
-                         record.severity_text, record.body, record.event_name, record.attributes, self._attributes,
-                         record.trace_id, record.span_id, proc)  # fmt: skip
+        self._sink.log(
+            record.time_unix_nano,
+            record.observed_time_unix_nano,
+            record.severity_number,
+            record.severity_text,
+            record.body,
+            record.event_name,
+            record.attributes,
+            self._attributes,
+            record.trace_id,
+            record.span_id,
+            proc,
+        )
 
     def _add_metric(self, metric: _Metric, proc: Proc) -> None:
         if metric.exponential_histogram is not None or metric.summary is not None:
             raise Bail("a kind the fast path does not read")
         name, unit = metric.name, metric.unit
-        name = general._intern(name if type(name) is str else general._str(name, "name"))
-        unit = general._intern(unit if type(unit) is str else general._str(unit, "unit"))
-        out = self._reader.telemetry.points
+        name = general.intern(name if type(name) is str else general.string(name, "name"))
+        unit = general.intern(unit if type(unit) is str else general.string(unit, "unit"))
+        out = self._sink.telemetry.points
         for kind, data in (("gauge", metric.gauge), ("sum", metric.sum), ("histogram", metric.histogram)):
             if data is None:
                 continue
             monotonic = bool(data.is_monotonic)
             for dp in data.data_points:
                 number, count = general.point_value(kind, dp.as_double, dp.as_int, dp.count, dp.sum)
-                point = Point(name, kind, unit, general._i64(dp.time_unix_nano, "time_unix_nano"), number,
-                              self._attributes(dp.attributes), proc, monotonic, count)  # fmt: skip
+                point = Point(
+                    name,
+                    kind,
+                    unit,
+                    general.int64(dp.time_unix_nano, "time_unix_nano"),
+                    number,
+                    self._attributes(dp.attributes),
+                    proc,
+                    monotonic,
+                    count,
+                )
                 if kind == "histogram":
                     general.distribution(point, dp.sum, dp.explicit_bounds, dp.bucket_counts, dp.min, dp.max)
-                    point.bounds = self._reader._bounds.setdefault(point.bounds, point.bounds)
+                    point.bounds = self._sink.shared_bounds(point.bounds)
                 out.append(point)

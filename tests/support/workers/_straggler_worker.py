@@ -1,13 +1,15 @@
 """A 4-rank DDP training job on CPU (gloo) with one slow rank: its forward takes half a step longer.
 
-Used by ``tests/stack/test_straggler.py``. A plain training script, unaware of the bridge (torch's APIs only): under
-synchronous DDP every rank's step takes the same time -- the fast ranks wait in the gradient all-reduce for the slow
-one -- so step time alone cannot name it.
+Used by ``tests/stack/test_straggler.py`` and ``tests/jobs/test_follow.py``. A plain training script, unaware of
+the bridge (torch's APIs only): under synchronous DDP every rank's step takes the same time -- the fast ranks wait in
+the gradient all-reduce for the slow one -- so step time alone cannot name it.
 
 Each rank's forward sleeps ``--base`` seconds (the work of a step); rank ``--slow-rank`` sleeps ``--extra`` more.
 Every ``--check-every`` steps from ``--min-steps`` on, the ranks agree (an all-reduce of a flag) whether the file
-``--go`` exists: then they stop together (at most ``--max-steps``, so a harness bug ends the job). At the end each
-rank prints ``straggler_worker rank R: steps N, median step S ms`` and exits 0 (``os._exit`` after
+``--go`` exists: then they stop together (at most ``--max-steps``, so a harness bug ends the job) -- or, with
+``--died FILE``, the slow rank writes the time it dies (``time.time_ns()``, its own clock) to ``FILE`` and raises
+``ValueError("corrupt batch N")``, and the other rank enters the next step's all-reduce, which its peer never joins.
+At the end each rank prints ``straggler_worker rank R: steps N, median step S ms`` and exits 0 (``os._exit`` after
 ``destroy_process_group``: after gloo use the interpreter may abort at exit).
 """
 
@@ -20,6 +22,10 @@ import sys
 import time
 
 
+def load_batch(step: int) -> None:
+    raise ValueError(f"corrupt batch {step}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--base", type=float, default=0.2)
@@ -29,6 +35,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=600)
     parser.add_argument("--check-every", type=int, default=10)
     parser.add_argument("--go", required=True)
+    parser.add_argument("--died", help="the slow rank dies on --go, writing when to this file")
     args = parser.parse_args()
 
     import torch
@@ -58,8 +65,12 @@ def main() -> None:
         if step >= args.min_steps and step % args.check_every == 0:
             flag = torch.tensor([1.0 if os.path.exists(args.go) else 0.0])
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() > 0:
+            if flag.item() > 0 and args.died is None:
                 break
+            if flag.item() > 0 and rank == args.slow_rank:
+                with open(args.died, "w") as out:
+                    out.write(str(time.time_ns()))
+                load_batch(step)
         optimizer.zero_grad()
         loss = model(torch.randn(16, 64)).pow(2).mean()
         loss.backward()

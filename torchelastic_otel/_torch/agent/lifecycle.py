@@ -92,7 +92,7 @@ class _AgentState:
         self.restart_rdzv = 0.0
 
 
-def _state(agent: Any) -> _AgentState:
+def _state(agent: object) -> _AgentState:
     state = agent.__dict__.get("_torchelastic_otel_state")
     if state is None:
         state = _AgentState()
@@ -100,16 +100,16 @@ def _state(agent: Any) -> _AgentState:
     return state
 
 
-def _spec(agent: Any) -> Any:
+def _spec(agent: object) -> Any:
     return _compat.agent_spec(agent)
 
 
-def _remaining_restarts(agent: Any) -> int:
+def _remaining_restarts(agent: object) -> int:
     """Restarts left (0 where torch no longer says: counted by ``_compat``)."""
     return _compat.agent_remaining_restarts(agent) or 0
 
 
-def _restart_count(agent: Any) -> int:
+def _restart_count(agent: object) -> int:
     """This attempt's restart number: ``max_restarts`` minus the restarts left (0 where either is unknown)."""
     spec, remaining = _spec(agent), _compat.agent_remaining_restarts(agent)
     if spec is None or remaining is None:
@@ -120,7 +120,7 @@ def _restart_count(agent: Any) -> int:
         return 0
 
 
-def _safe(fn: Callable[..., Any], *args: Any) -> Any:
+def _safe(fn: Callable[..., object], *args: object) -> Any:
     """Run a telemetry step; a failure is counted, never raised into the agent."""
     try:
         return fn(*args)
@@ -135,7 +135,7 @@ def _end_attempt(state: _AgentState) -> None:
         attempt.end()
 
 
-def _run_attributes(agent: Any) -> dict[str, Any]:
+def _run_attributes(agent: object) -> dict[str, object]:
     spec = _spec(agent)
     rdzv = spec.rdzv_handler
     attributes = {
@@ -149,7 +149,7 @@ def _run_attributes(agent: Any) -> dict[str, Any]:
     return _attributes.encodable_attributes(attributes, "traces")  # a run id or argv may hold lone surrogates
 
 
-def _record_event(name: str, metadata: dict[str, Any]) -> None:
+def _record_event(name: str, metadata: dict[str, object]) -> None:
     """Export an agent-side event (log record + span event on the current span)."""
     event_adapter.export_event(Event(name, EventSource.AGENT, metadata=metadata))
 
@@ -183,7 +183,7 @@ def _goodput_start() -> None:
         counter.add(0, {names.CAUSE: cause})
 
 
-def _goodput_add(agent: Any, cause: str, seconds: float) -> None:
+def _goodput_add(agent: object, cause: str, seconds: float) -> None:
     """Add ``seconds`` of the agent's time, times its local workers, to ``torchelastic.goodput.time`` {cause}."""
     workers = int(_spec(agent).local_world_size)
     if seconds <= 0 or workers <= 0:
@@ -198,14 +198,14 @@ def _restart_begins(state: _AgentState) -> None:
         state.restart_rdzv = 0.0
 
 
-def _rendezvous_done(agent: Any, seconds: float) -> None:
+def _rendezvous_done(agent: object, seconds: float) -> None:
     state = _state(agent)
     if state.restart_from is not None:
         state.restart_rdzv += seconds
     _goodput_add(agent, "rendezvous", seconds)
 
 
-def _workers_starting(agent: Any) -> None:
+def _workers_starting(agent: object) -> None:
     """The next attempt's workers start: the restart under way, if any, ends here (their own counters take over
     from their process's start)."""
     state = _state(agent)
@@ -240,9 +240,9 @@ def _run_start_ns() -> int | None:
 # ---- wrappers -----------------------------------------------------------------------------------------------
 
 
-def _wrap_run(orig: Callable[..., Any], metric_emit: Callable[[MetricData], None]) -> Callable[..., Any]:
+def _wrap_run(orig: Callable[..., object], metric_emit: Callable[[MetricData], None]) -> Callable[..., object]:
     @functools.wraps(orig)
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def run(self: object, *args: object, **kwargs: object) -> object:
         state = _state(self)
         attributes = _safe(_run_attributes, self) or {}
         state.run_attributes = attributes
@@ -281,9 +281,9 @@ def _finish_run(span: trace.Span, result: Any) -> None:
         span.set_status(Status(StatusCode.ERROR, f"worker group failed (ranks {ranks})"))
 
 
-def _wrap_initialize(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_initialize(orig: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(orig)
-    def _initialize_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
+    def _initialize_workers(self: object, worker_group: object, *args: object, **kwargs: object) -> object:
         state = _state(self)
         _end_attempt(state)
         state.failure_seen = False
@@ -308,44 +308,38 @@ def _wrap_initialize(orig: Callable[..., Any]) -> Callable[..., Any]:
     return _initialize_workers
 
 
-def _wrap_span(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
-    """A span around the call, recording an exception as the span's error."""
+def _wrap_span(
+    name: str, orig: Callable[..., object], after: Callable[[object, float], None] | None = None
+) -> Callable[..., object]:
+    """A span around the call, recording an exception as the span's error; then, the span ended and whether the
+    call returned or raised, ``after(agent, seconds of the call)``."""
 
     @functools.wraps(orig)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state = _state(self)
-        attributes = {names.RESTART_COUNT: _restart_count(self)}
-        if names.RUN_ID in state.run_attributes:
-            attributes[names.RUN_ID] = state.run_attributes[names.RUN_ID]
-        with _tracer().start_as_current_span(name, attributes=attributes):
-            try:
-                return orig(self, *args, **kwargs)
-            except BaseException as exc:
-                tracebacks.drop_own_frame(exc)
-                raise
-
-    return wrapper
-
-
-def _wrap_rendezvous(orig: Callable[..., Any]) -> Callable[..., Any]:
-    """The rendezvous span, and its seconds (finished or failed) counted as goodput cause ``rendezvous``."""
-    inner = _wrap_span(names.RENDEZVOUS, orig)
-
-    @functools.wraps(orig)
-    def _rendezvous(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: object, *args: object, **kwargs: object) -> object:
         began = time.monotonic()
         try:
-            return inner(self, *args, **kwargs)
+            state = _state(self)
+            attributes = {names.RESTART_COUNT: _restart_count(self)}
+            if names.RUN_ID in state.run_attributes:
+                attributes[names.RUN_ID] = state.run_attributes[names.RUN_ID]
+            with _tracer().start_as_current_span(name, attributes=attributes):
+                return orig(self, *args, **kwargs)
         except BaseException as exc:
             tracebacks.drop_own_frame(exc)
             raise
         finally:
-            _safe_goodput(_rendezvous_done, self, time.monotonic() - began)
+            if after is not None:
+                after(self, time.monotonic() - began)
 
-    return _rendezvous
+    return wrapper
 
 
-def _safe_goodput(fn: Callable[..., Any], *args: Any) -> None:
+def _rendezvous_ended(agent: object, seconds: float) -> None:
+    """A rendezvous round's seconds (finished or failed) counted as goodput cause ``rendezvous``."""
+    _safe_goodput(_rendezvous_done, agent, seconds)
+
+
+def _safe_goodput(fn: Callable[..., object], *args: object) -> None:
     """A goodput step: a failure is counted (``torchelastic_otel.dropped`` {metrics, goodput_error}), never raised."""
     try:
         fn(*args)
@@ -353,9 +347,9 @@ def _safe_goodput(fn: Callable[..., Any], *args: Any) -> None:
         selftelemetry.count(selftelemetry.DROPPED, "metrics", "goodput_error")
 
 
-def _wrap_start(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_start(orig: Callable[..., object]) -> Callable[..., object]:
     @functools.wraps(orig)
-    def _start_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
+    def _start_workers(self: object, worker_group: object, *args: object, **kwargs: object) -> object:
         state = _state(self)
         _safe_goodput(_workers_starting, self)
         with _tracer().start_as_current_span(
@@ -416,18 +410,19 @@ def _environ_for_workers(env: dict[str, str | None]) -> Iterator[None]:
     with _environ_lock:
         saved = {key: os.environ.get(key) for key in env}
         try:
-            for key, value in env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            _put(env)
             yield
         finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            _put(saved)
+
+
+def _put(env: dict[str, str | None]) -> None:
+    """``env`` into ``os.environ``: a ``None`` value unsets its variable."""
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _is_int(value: Any) -> bool:
@@ -438,9 +433,9 @@ def _is_int(value: Any) -> bool:
         return False
 
 
-def _wrap_monitor(orig: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_monitor(orig: Callable[..., Any]) -> Callable[..., object]:
     @functools.wraps(orig)
-    def _monitor_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
+    def _monitor_workers(self: object, worker_group: object, *args: object, **kwargs: object) -> object:
         try:
             result = orig(self, worker_group, *args, **kwargs)
         except BaseException as exc:
@@ -459,7 +454,7 @@ def _deliver_final_words() -> None:
     final_words.deliver(root_cause.failure_dir(), pipeline.get_pipeline())
 
 
-def _observe_monitor(agent: Any, worker_group: Any, result: Any) -> None:
+def _observe_monitor(agent: object, worker_group: object, result: Any) -> None:
     state = _state(agent)
     name = str(getattr(result.state, "name", result.state))
     state.last_state = name
@@ -505,7 +500,7 @@ def _observe_monitor(agent: Any, worker_group: Any, result: Any) -> None:
         parent.set_status(Status(StatusCode.ERROR, f"worker group {name.lower()}"))
 
 
-def _report_root_cause(agent: Any, state: _AgentState, worker_group: Any, failures: dict[int, Any]) -> None:
+def _report_root_cause(agent: object, state: _AgentState, worker_group: object, failures: dict[int, object]) -> None:
     """The attempt's first failure (``root_cause``): a ``torchelastic.root_cause`` record (ERROR, timestamped when
     the rank failed), the same attributes on the attempt and run spans, and the ``torchelastic.root_cause.time``
     gauge, whose lowest value over every agent of a run names the job's first failure (one PromQL query)."""
@@ -555,7 +550,7 @@ def _signal_name(failure: Any) -> str | None:
         return None
 
 
-def _raw_error(failure: Any, error_data: Any) -> str | None:
+def _raw_error(failure: object, error_data: object) -> str | None:
     import json
 
     if isinstance(error_data, dict) and error_data:
@@ -564,9 +559,9 @@ def _raw_error(failure: Any, error_data: Any) -> str | None:
     return str(message) if message else None
 
 
-def _wrap_restart(orig: Callable[..., Any], metric_emit: Callable[[MetricData], None]) -> Callable[..., Any]:
+def _wrap_restart(orig: Callable[..., object], metric_emit: Callable[[MetricData], None]) -> Callable[..., object]:
     @functools.wraps(orig)
-    def _restart_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
+    def _restart_workers(self: object, worker_group: object, *args: object, **kwargs: object) -> object:
         state = _state(self)
         _safe_goodput(_restart_begins, state)
         restart_count = _restart_count(self)
@@ -600,37 +595,15 @@ def _wrap_restart(orig: Callable[..., Any], metric_emit: Callable[[MetricData], 
     return _restart_workers
 
 
-def _wrap_stop(orig: Callable[..., Any]) -> Callable[..., Any]:
-    inner = _wrap_span(names.WORKERS_STOP, orig)
-
-    @functools.wraps(orig)
-    def _stop_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return inner(self, *args, **kwargs)
-        except BaseException as exc:
-            tracebacks.drop_own_frame(exc)
-            raise
-        finally:
-            _safe(_deliver_final_words)
-            _end_attempt(_state(self))
-
-    return _stop_workers
+def _workers_stopped(agent: object, seconds: float) -> None:
+    """What the stopped workers could not send themselves is sent (``final_words``); the attempt ends."""
+    _safe(_deliver_final_words)
+    _end_attempt(_state(agent))
 
 
-def _wrap_shutdown(orig: Callable[..., Any]) -> Callable[..., Any]:
-    inner = _wrap_span(names.AGENT_SHUTDOWN, orig)
-
-    @functools.wraps(orig)
-    def _shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return inner(self, *args, **kwargs)
-        except BaseException as exc:
-            tracebacks.drop_own_frame(exc)
-            raise
-        finally:
-            _safe(_deliver_final_words)
-
-    return _shutdown
+def _agent_shut_down(agent: object, seconds: float) -> None:
+    """What the last workers could not send themselves is sent (``final_words``)."""
+    _safe(_deliver_final_words)
 
 
 def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None:
@@ -638,7 +611,7 @@ def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    def wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    def wrap(cls: type, name: str, make: Callable[[Callable[..., object]], Callable[..., object]]) -> None:
         original = _compat.agent_method(cls, name)
         if original is None or getattr(original, "__torchelastic_otel__", False):
             return
@@ -649,9 +622,9 @@ def install(patches: Patches, metric_emit: Callable[[MetricData], None]) -> None
     patches.on_restore(root_cause.discard_failure_dir)  # made when the first workers start (``_worker_env``)
     wrap(SimpleElasticAgent, "run", lambda f: _wrap_run(f, metric_emit))
     wrap(SimpleElasticAgent, "_initialize_workers", _wrap_initialize)
-    wrap(SimpleElasticAgent, "_rendezvous", _wrap_rendezvous)
+    wrap(SimpleElasticAgent, "_rendezvous", lambda f: _wrap_span(names.RENDEZVOUS, f, _rendezvous_ended))
     wrap(SimpleElasticAgent, "_restart_workers", lambda f: _wrap_restart(f, metric_emit))
     wrap(LocalElasticAgent, "_start_workers", _wrap_start)
     wrap(LocalElasticAgent, "_monitor_workers", _wrap_monitor)
-    wrap(LocalElasticAgent, "_stop_workers", _wrap_stop)
-    wrap(LocalElasticAgent, "_shutdown", _wrap_shutdown)
+    wrap(LocalElasticAgent, "_stop_workers", lambda f: _wrap_span(names.WORKERS_STOP, f, _workers_stopped))
+    wrap(LocalElasticAgent, "_shutdown", lambda f: _wrap_span(names.AGENT_SHUTDOWN, f, _agent_shut_down))

@@ -176,8 +176,13 @@ def _fork(child: Callable[[], object]) -> int:
     return pid
 
 
-def _run_records(opened: list[int], sockets: tuple[socket.socket, socket.socket], reads: tuple[int, int],
-                 worker_pid: int, limits: Limits) -> None:  # fmt: skip
+def _run_records(
+    opened: list[int],
+    sockets: tuple[socket.socket, socket.socket],
+    reads: tuple[int, int],
+    worker_pid: int,
+    limits: Limits,
+) -> None:
     """The record process keeps only the read ends of the frames pipe and of the announced lines' pipe."""
     from torchelastic_otel._torch.output.records import serve
 
@@ -190,8 +195,12 @@ def _run_records(opened: list[int], sockets: tuple[socket.socket, socket.socket]
     serve(frames_read, worker_pid, limits, logged_read)
 
 
-def _run_passthrough(channels: list[tuple[int, int, int, int]], opened: list[int],
-                     sockets: tuple[socket.socket, socket.socket], frames_write: int) -> None:  # fmt: skip
+def _run_passthrough(
+    channels: list[tuple[int, int, int, int]],
+    opened: list[int],
+    sockets: tuple[socket.socket, socket.socket],
+    frames_write: int,
+) -> None:
     """The pass-through process keeps the reading ends, copies of the original fds 1 and 2, its end of the
     control socket and the write end of the frames pipe."""
     from torchelastic_otel._torch.output.passthrough import Channel, serve

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from opentelemetry._logs import SeverityNumber
 
@@ -177,7 +177,7 @@ class _Pipeline:
         selftelemetry.instrument(self.meter_provider)
         self.logger = self.logger_provider.get_logger(SCOPE, __version__)
         self.context = agent_context()
-        self.processors = list(getattr(self.logger_provider, "_torchelastic_processors", []))
+        self.processors = list(_providers.processors(self.logger_provider))
 
     def wait_for_room(self, deadline: float | None) -> None:
         """While the SDK's batch queue is full and its exports make progress, wait (bounded) rather than have the
@@ -214,6 +214,6 @@ class _Pipeline:
                 pass
 
 
-def _full(processor: Any) -> bool:
+def _full(processor: object) -> bool:
     state = _compat.batch_queue(processor)
     return state is not None and not state.shut_down and state.length >= state.limit - 1

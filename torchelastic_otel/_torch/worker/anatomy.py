@@ -66,6 +66,7 @@ from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._process.start import process_start_ns
 from torchelastic_otel._torch import tracebacks
+from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker import device_clock
 from torchelastic_otel._torch.worker.timeline import MAX_PENDING, timeline
 
@@ -88,7 +89,7 @@ __all__ = [
 _logger = logging.getLogger("torchelastic_otel")
 
 #: The phases of a step, in the order a step goes through them.
-PHASES = ("input", "forward", "backward", "optimizer", "collective_wait", "other")
+PHASES = names.STEP_PHASES
 #: The causes a worker's seconds are counted under (``lost_progress`` by its final words).
 CAUSES = ("startup", "productive", "input_wait", "checkpoint_save", "checkpoint_load", "stalled", "lost_progress")
 
@@ -150,7 +151,7 @@ class Step:
     # (phase, start_ns, end_ns) of the step's stretches (not its checkpoints'), in order
     segments: list[tuple[str, int, int]] = field(default_factory=list)
     # (host ns, CUDA event or None) of every mark from the step's start to its end
-    bounds: list[tuple[int, Any]] = field(default_factory=list)
+    bounds: list[tuple[int, object]] = field(default_factory=list)
     input_host: float = 0.0
     checkpoint_save: float = 0.0
     checkpoint_load: float = 0.0
@@ -170,7 +171,7 @@ class Step:
         """Every mark of the step carries a CUDA event: its figures can be the GPU's."""
         return len(self.bounds) > 1 and all(event is not None for _, event in self.bounds)
 
-    def events(self) -> list[Any]:
+    def events(self) -> list[object]:
         return [event for _, event in self.bounds if event is not None]
 
 
@@ -189,7 +190,7 @@ class Ledger:
         self.last = start_ns  # the time of the last event seen
         self.seconds: dict[str, float] = collections.defaultdict(float)  # the current stretch, by phase / cause
         self.segments: list[tuple[str, int, int]] = []
-        self.bounds: list[tuple[int, Any]] = []
+        self.bounds: list[tuple[int, object]] = []
         self.holders: dict[int, int] = {}  # id(event) -> the steps (and the step in progress) that hold it
         self.totals: dict[str, float] = dict.fromkeys(CAUSES, 0.0)  # cumulative seconds by cause (the counter)
         self.added: dict[str, float] = collections.defaultdict(float)  # not yet added to the counter
@@ -225,7 +226,7 @@ class Ledger:
                 return
         segments.append((label, last, now))
 
-    def _bound(self, time_ns: int, event: Any) -> None:
+    def _bound(self, time_ns: int, event: object) -> None:
         """A mark of the step in progress (its event held by it). Only a job on the GPU's clock keeps them."""
         if not self.device_clock:
             return
@@ -244,7 +245,7 @@ class Ledger:
             self.seconds[new] += moved
             self.segments = [(new if label == old else label, a, b) for label, a, b in self.segments]
 
-    def event(self, time_ns: int, code: int, device_event: Any = None) -> None:
+    def event(self, time_ns: int, code: int, device_event: object = None) -> None:
         """One phase or checkpoint mark (not a step's end)."""
         self._advance(time_ns)
         if self.started:
@@ -286,7 +287,7 @@ class Ledger:
             if self.stack.pop() == phase:
                 return
 
-    def _start_first_step(self, time_ns: int, device_event: Any = None) -> None:
+    def _start_first_step(self, time_ns: int, device_event: object = None) -> None:
         self.started = True
         for cause in ("startup", "checkpoint_save", "checkpoint_load"):
             seconds = self.seconds.pop(cause, 0.0)
@@ -296,7 +297,7 @@ class Ledger:
         self.bounds = []
         self._bound(time_ns, device_event)
 
-    def optimizer_exit(self, time_ns: int, device_event: Any = None) -> None:
+    def optimizer_exit(self, time_ns: int, device_event: object = None) -> None:
         """An optimizer's post hook (every optimizer's, before ``steps`` decides whether it marks a step): what
         followed the backward was this optimizer's update."""
         self._advance(time_ns)
@@ -311,7 +312,7 @@ class Ledger:
         if self.stalled_since is None:
             self.stalled_since = since_ns
 
-    def step(self, time_ns: int, device_event: Any = None) -> Step | None:
+    def step(self, time_ns: int, device_event: object = None) -> Step | None:
         """A step ended at ``time_ns``: its figures; the step (``None`` when none had begun). Its causes are
         counted now, or for a step sampled on the GPU's clock once the GPU has reached it (:meth:`settle`)."""
         self._advance(time_ns)
@@ -325,8 +326,16 @@ class Ledger:
         seconds, self.seconds = self.seconds, collections.defaultdict(float)
         start, self.until = self.until, time_ns
         phases = {phase: seconds.get(phase, 0.0) for phase in PHASES}
-        step = Step(start, time_ns, phases, self.segments, self.bounds, phases["input"],
-                    seconds.get("checkpoint_save", 0.0), seconds.get("checkpoint_load", 0.0))  # fmt: skip
+        step = Step(
+            start,
+            time_ns,
+            phases,
+            self.segments,
+            self.bounds,
+            phases["input"],
+            seconds.get("checkpoint_save", 0.0),
+            seconds.get("checkpoint_load", 0.0),
+        )
         self.segments, self.mode = [], _PRE
         self.bounds = []
         self._bound(time_ns, device_event)  # the next step starts where this one ended
@@ -383,7 +392,7 @@ class Ledger:
         if step.input_host > 0:
             self.idle_shares.append((step.phases.get("input", 0.0), step.input_host))
 
-    def finished(self, step: Step) -> list[Any]:
+    def finished(self, step: Step) -> list[object]:
         """The step is done with: the events no step holds any more (to go back to the pool)."""
         free = []
         holders = self.holders
@@ -397,7 +406,7 @@ class Ledger:
                 free.append(event)
         return free
 
-    def release_later(self, events: Iterable[Any]) -> None:
+    def release_later(self, events: Iterable[object]) -> None:
         """Events that belong to no step: back to the pool (re-recording an event is allowed)."""
         for event in events:
             timeline.device.release(event)
@@ -420,8 +429,9 @@ class Ledger:
         the unfinished step."""
         if not self.started:
             return 0.0
-        waiting = sum(s.seconds - s.checkpoint_save - s.checkpoint_load for s in list(self.on_device)
-                      if s.end > self.committed_at)  # fmt: skip
+        waiting = sum(
+            s.seconds - s.checkpoint_save - s.checkpoint_load for s in list(self.on_device) if s.end > self.committed_at
+        )
         return sum(self.at_risk.values()) + max(0.0, waiting) + max(0.0, (now_ns - self.until) / 1e9)
 
 
@@ -459,6 +469,7 @@ class _State:
         self.installed = False
         self.recent: dict[tuple[str, str], collections.deque[float]] = {}  # the last steps' seconds, by phase
         self.attributes: dict[tuple[str, str], dict[str, str]] = {}
+        self.lost: float | None = None  # what the failure threw away, once counted (``lost_progress``)
 
 
 _state = _State()
@@ -491,7 +502,7 @@ def reset_after_fork() -> None:
     _state.lock = threading.Lock()
 
 
-def use_instruments(instruments: Callable[[], Any]) -> None:
+def use_instruments(instruments: Callable[[], object]) -> None:
     """Where the instruments come from (``steps.instruments``: this module does not import ``steps``)."""
     _state.instruments = instruments
 
@@ -527,8 +538,7 @@ def after_drain() -> None:
             for cause, seconds in book.at_risk.items():
                 meters.at_risk.set(seconds, {names.CAUSE: cause})
     except Exception as exc:
-        selftelemetry.count(selftelemetry.DROPPED, "metrics", "record_error")
-        _logger.debug("torchelastic_otel: goodput dropped: %s", exc, exc_info=True)
+        selftelemetry.count_exception("metrics", "record_error", exc)
     if book.steps and not _recorder_read():
         resolve(None)
 
@@ -627,8 +637,8 @@ def _attributes(phase: str, clock: str) -> dict[str, str]:
 
 def _sample(finished: list[Step]) -> list[Step]:
     """At most ``PHASE_STEPS_PER_SECOND`` steps a second of the steps' own time (``PHASE_STEPS_AT_ONCE`` at least): a
-    fast loop's phases are a sample of its steps (an evenly spaced one), so that recording them costs the job a
-    bounded share of its time."""
+    fast loop's phases are an even sample of its steps, so that recording them costs the job a bounded share of its
+    time."""
     span = (finished[-1].end - finished[0].start) / 1e9
     allowed = max(float(PHASE_STEPS_AT_ONCE), span * PHASE_STEPS_PER_SECOND)
     if len(finished) <= allowed:
@@ -677,6 +687,14 @@ def _meters() -> Any:
         return None
 
 
+def lost_progress() -> float | None:
+    """:func:`add_lost_progress`, once: the first final record that asks counts it (before the first step there is
+    nothing to lose yet, and the next record asks again)."""
+    if _state.lost is None:
+        _state.lost = add_lost_progress()
+    return _state.lost
+
+
 def add_lost_progress() -> float | None:
     """The final words of a failing worker (excepthook, SIGTERM): count what the failure threw away; its seconds,
     ``None`` before the first step (nothing to lose yet: the final words may be asked earlier, while ``import torch``
@@ -717,7 +735,7 @@ def poll_device() -> None:
         start_device_clock(factory)
 
 
-def start_device_clock(factory: Callable[[], Any]) -> None:
+def start_device_clock(factory: Callable[[], object]) -> None:
     """Measure this process's sampled steps on the GPU's clock from now on, with events ``factory()`` makes
     (:func:`poll_device`, once the job uses CUDA; a test's scripted device)."""
     with timeline.lock:
@@ -728,7 +746,7 @@ def start_device_clock(factory: Callable[[], Any]) -> None:
 # ---- the wrappers ----------------------------------------------------------------------------------------------
 
 
-def _around(original: Any, enter: int, leave: int) -> Any:
+def _around(original: Any, enter: int, leave: int) -> object:
     """``original`` with a mark before and after (also when it raises, leaving no frame of its own in the
     traceback). The timeline's append is inlined, and its bound checked once: a wrapper's own cost is most of what
     a phase costs the step."""
@@ -736,7 +754,7 @@ def _around(original: Any, enter: int, leave: int) -> Any:
     limit, now = MAX_PENDING, time.time_ns
 
     @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: object, **kwargs: object) -> object:
         if len(pending) >= limit:
             timeline.turned_away(2)
             try:
@@ -758,14 +776,14 @@ def _around(original: Any, enter: int, leave: int) -> Any:
     return wrapper
 
 
-def _around_next(original: Any) -> Any:
+def _around_next(original: Any) -> object:
     """``_around`` for a ``DataLoader`` iterator's ``__next__(self)``: no argument packing. ``StopIteration`` ends
     a loop, not a step's input: its marks are those of any other call."""
     append, pending, device = timeline.appender()
     limit, now = MAX_PENDING, time.time_ns
 
     @functools.wraps(original)
-    def __next__(self: Any) -> Any:
+    def __next__(self: object) -> object:
         if len(pending) >= limit:
             timeline.turned_away(2)
             try:
@@ -787,7 +805,7 @@ def _around_next(original: Any) -> Any:
     return __next__
 
 
-def install(patches: Any, recorder_enabled: Any = None) -> None:
+def install(patches: Patches, recorder_enabled: object = None) -> None:
     """Wrap the phase boundaries once their modules are imported (installing imports no torch); undone by
     ``patches.restore()``. ``recorder_enabled``: whether the Flight Recorder is read now (``collectives``)."""
     from torchelastic_otel import _compat
@@ -796,17 +814,17 @@ def install(patches: Any, recorder_enabled: Any = None) -> None:
     _state.recorder_enabled = recorder_enabled
     _state.installed = True
 
-    def dataloader(module: Any) -> None:
+    def dataloader(module: object) -> None:
         cls = _compat.dataloader_iter_class(module)
         if cls is not None and "__next__" in cls.__dict__:
             patches.set(cls, "__next__", _around_next(cls.__dict__["__next__"]))
 
-    def autograd(module: Any) -> None:
+    def autograd(module: object) -> None:
         original = getattr(module, "backward", None)
         if callable(original):
             patches.set(module, "backward", _around(original, BACKWARD_ENTER, BACKWARD_EXIT))
 
-    def graphs(module: Any) -> None:
+    def graphs(module: object) -> None:
         _gate_captures(patches, module)
 
     hooks = (("torch.utils.data.dataloader", dataloader), ("torch.autograd", autograd), ("torch.cuda.graphs", graphs))
@@ -822,7 +840,7 @@ def install(patches: Any, recorder_enabled: Any = None) -> None:
     patches.on_restore(undo)
 
 
-def _gate_captures(patches: Any, module: Any) -> None:
+def _gate_captures(patches: Patches, module: object) -> None:
     """No CUDA event is recorded or queried while a CUDA graph is captured (``timeline``'s capture gate):
     ``CUDAGraph.capture_begin`` / ``capture_end`` tell the timeline."""
     cls = getattr(module, "CUDAGraph", None)
@@ -838,7 +856,7 @@ def _gate_captures(patches: Any, module: Any) -> None:
         return
 
     @functools.wraps(begin)
-    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def capture_begin(self: object, *args: object, **kwargs: object) -> object:
         device.capture_begins()
         try:
             return begin(self, *args, **kwargs)
@@ -848,7 +866,7 @@ def _gate_captures(patches: Any, module: Any) -> None:
             raise
 
     @functools.wraps(end)
-    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def capture_end(self: object, *args: object, **kwargs: object) -> object:
         try:
             result = end(self, *args, **kwargs)
         except BaseException as exc:
@@ -862,13 +880,13 @@ def _gate_captures(patches: Any, module: Any) -> None:
     patches.set(cls, "capture_end", capture_end)
 
 
-_guarded_of: dict[str, Any] = {}
+_guarded_of: dict[str, object] = {}
 
 
 def _guarded(hook: Any, module_name: str) -> Any:
     """``hook`` that never raises into an import (a changed torch: counted)."""
 
-    def guarded(module: Any) -> None:
+    def guarded(module: object) -> None:
         try:
             hook(module)
         except Exception as exc:

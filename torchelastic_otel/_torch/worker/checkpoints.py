@@ -44,7 +44,6 @@ from __future__ import annotations
 import bisect
 import functools
 import io
-import logging
 import os
 import sys
 import threading
@@ -56,13 +55,13 @@ from torchelastic_otel import _compat
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import drainer as _drainer
-from torchelastic_otel._torch import tracebacks
+from torchelastic_otel._export.meters import PerPipeline
+from torchelastic_otel._torch import tracebacks, worker_env
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker import anatomy
 
 __all__ = ["install", "SAVE", "LOAD", "DCP", "DCP_SAVER", "DCP_LOADER"]
 
-_logger = logging.getLogger("torchelastic_otel")
 
 SAVE, LOAD = "save", "load"
 DCP = "torch.distributed.checkpoint"
@@ -88,13 +87,13 @@ def install(patches: Patches) -> None:
     """Wrap torch's checkpoint functions once the script imports them (see the module's docstring)."""
     from torchelastic_otel._torch import imports
 
-    def on_torch(module: Any) -> None:
+    def on_torch(module: object) -> None:
         _patch_torch(patches, module)
 
-    def on_dcp(module: Any) -> None:
+    def on_dcp(module: object) -> None:
         _patch_dcp(patches, module)
 
-    def on_lightning(module: Any) -> None:
+    def on_lightning(module: object) -> None:
         _patch_lightning(patches, module)
 
     imports.when_imported("torch", on_torch)
@@ -111,7 +110,7 @@ def install(patches: Patches) -> None:
     patches.on_restore(undo)
 
 
-def _patch_torch(patches: Patches, torch: Any) -> None:
+def _patch_torch(patches: Patches, torch: object) -> None:
     """``torch.save`` / ``torch.load``, and the same functions in ``torch.serialization``, where they are defined: a
     wrapper is pickled by its name there (``ProcessPoolExecutor.submit(torch.save, ...)``), which must be it."""
     is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
@@ -126,11 +125,11 @@ def _patch_torch(patches: Patches, torch: Any) -> None:
             patches.set(serialization, attribute, wrapper)
 
 
-def _patch_dcp(patches: Patches, package: Any) -> None:
+def _patch_dcp(patches: Patches, package: object) -> None:
     torch = sys.modules.get("torch")
     is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     owners = [package, *_dcp_modules()]
-    wrappers: dict[int, Any] = {}
+    wrappers: dict[int, object] = {}
     for attribute, kind, is_async, target in (
         ("save", SAVE, False, _dcp_target("checkpoint_id", "storage_writer", None)),
         ("async_save", SAVE, True, _dcp_target("checkpoint_id", "storage_writer", None)),
@@ -194,19 +193,19 @@ def _dcp_modules() -> list[Any]:
 # ---- where a checkpoint is -----------------------------------------------------------------------------------------
 
 
-def _torch_save_target(args: tuple, kwargs: dict) -> Any:
+def _torch_save_target(args: tuple, kwargs: dict) -> object:
     return args[1] if len(args) > 1 else kwargs.get("f")
 
 
-def _torch_load_target(args: tuple, kwargs: dict) -> Any:
+def _torch_load_target(args: tuple, kwargs: dict) -> object:
     return args[0] if args else kwargs.get("f")
 
 
-def _dcp_target(keyword: str | None, storage: str, position: int | None) -> Callable[[tuple, dict], Any]:
+def _dcp_target(keyword: str | None, storage: str, position: int | None) -> Callable[[tuple, dict], object]:
     """The checkpoint's path: ``checkpoint_id``, else the storage writer's / reader's ``path`` (``FileSystemWriter``,
     ``FileSystemReader``); ``None`` for a storage of another kind."""
 
-    def target(args: tuple, kwargs: dict) -> Any:
+    def target(args: tuple, kwargs: dict) -> object:
         checkpoint_id = kwargs.get(keyword) if keyword else None
         if checkpoint_id is not None:
             return checkpoint_id
@@ -218,11 +217,11 @@ def _dcp_target(keyword: str | None, storage: str, position: int | None) -> Call
     return target
 
 
-def _lightning_target(position: int) -> Callable[[tuple, dict], Any]:
+def _lightning_target(position: int) -> Callable[[tuple, dict], object]:
     """``save_checkpoint(self, checkpoint, path, ...)`` / ``load_checkpoint(self, path, ...)``'s ``path``; ``None``
     (not counted) off the main thread: ``AsyncCheckpointIO``'s background write, not the training loop's time."""
 
-    def target(args: tuple, kwargs: dict) -> Any:
+    def target(args: tuple, kwargs: dict) -> object:
         if threading.current_thread() is not threading.main_thread():
             return None
         return args[position] if len(args) > position else kwargs.get("path")
@@ -230,7 +229,7 @@ def _lightning_target(position: int) -> Callable[[tuple, dict], Any]:
     return target
 
 
-def _is_file(f: Any) -> bool:
+def _is_file(f: object) -> bool:
     """A path, or a file object with a name (not an in-memory buffer)."""
     if isinstance(f, (str, os.PathLike)):
         return True
@@ -253,7 +252,7 @@ def _position(f: Any) -> int | None:
     return position if isinstance(position, int) else None
 
 
-def _file_bytes(f: Any, position_before: int | None, kind: str) -> int | None:
+def _file_bytes(f: object, position_before: int | None, kind: str) -> int | None:
     """The file's size (a path, or a file object's name, on a load), or the bytes written to a file object."""
     try:
         if isinstance(f, (str, os.PathLike)):
@@ -302,31 +301,31 @@ class _Call:
 
     __slots__ = ("kind", "api", "is_async", "target", "start_ns", "end_ns", "context", "position", "error", "bytes")
 
-    def __init__(self, kind: str, api: str, is_async: bool, target: Any) -> None:
+    def __init__(self, kind: str, api: str, is_async: bool, target: object) -> None:
         self.kind, self.api, self.is_async, self.target = kind, api, is_async, target
         self.start_ns = time.time_ns()
         self.end_ns = self.start_ns
-        self.context: Any = None
+        self.context: object = None
         self.position: int | None = None
         self.error: BaseException | None = None
         self.bytes: int | None = None
 
 
 def _wrap(
-    original: Callable[..., Any],
+    original: Callable[..., object],
     kind: str,
     api: str,
-    target: Callable[[tuple, dict], Any],
+    target: Callable[[tuple, dict], object],
     is_compiling: Callable[[], bool] | None,
     *,
     is_async: bool = False,
     files_only: bool = False,
-) -> Callable[..., Any]:
+) -> Callable[..., object]:
     """``original`` with a span around its outermost calls (see the module's docstring); what it raises is raised
     without the wrapper's frame (``tracebacks``)."""
 
     @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: object, **kwargs: object) -> object:
         if getattr(_local, "depth", 0) or _straight_through(is_compiling, files_only, target, args, kwargs):
             try:
                 return original(*args, **kwargs)
@@ -351,9 +350,12 @@ def _wrap(
 
 
 def _straight_through(
-    is_compiling: Callable[[], bool] | None, files_only: bool, target: Callable[[tuple, dict], Any], args: tuple,
+    is_compiling: Callable[[], bool] | None,
+    files_only: bool,
+    target: Callable[[tuple, dict], object],
+    args: tuple,
     kwargs: dict,
-) -> bool:  # fmt: skip
+) -> bool:
     """A call not counted: inside a compiled region, to an in-memory buffer, or torch's own off the main thread."""
     try:
         if is_compiling is not None and is_compiling():
@@ -376,11 +378,13 @@ def _torch_call_off_main_thread() -> bool:
     return module is not None and (module == "torch" or module.startswith("torch."))
 
 
-def _begin(kind: str, api: str, is_async: bool, target: Callable[[tuple, dict], Any], args: tuple, kwargs: dict) -> Any:
+def _begin(
+    kind: str, api: str, is_async: bool, target: Callable[[tuple, dict], object], args: tuple, kwargs: dict
+) -> Any:
     call = None
     try:
         call = _Call(kind, api, is_async, target(args, kwargs))
-        call.context = _parent_context()
+        call.context = worker_env.span_parent()
         call.position = _position(call.target) if api == "torch.save" else None
     except Exception as exc:
         _dropped(exc)
@@ -388,7 +392,7 @@ def _begin(kind: str, api: str, is_async: bool, target: Callable[[tuple, dict], 
     return call
 
 
-def _end(kind: str, call: _Call | None, error: BaseException | None, result: Any) -> None:
+def _end(kind: str, call: _Call | None, error: BaseException | None, result: object) -> None:
     end_ns = time.time_ns()
     _tell_anatomy(anatomy.checkpoint_exit, kind)
     if call is None:
@@ -414,7 +418,7 @@ def _bytes(call: _Call) -> int | None:
     return _file_bytes(call.target, call.position, call.kind)
 
 
-def _when_done(call: _Call, result: Any) -> None:
+def _when_done(call: _Call, result: object) -> None:
     """``async_save``'s future (torch 2.9+: an ``AsyncSaveResponse``, whose ``upload_completion`` it is): once it
     completes successfully the save is committed."""
     future = getattr(result, "upload_completion", result)
@@ -437,24 +441,6 @@ def _when_done(call: _Call, result: Any) -> None:
 # ---- telemetry -----------------------------------------------------------------------------------------------------
 
 
-def _parent_context() -> Any:
-    """The agent's attempt (``worker_env.agent_context``), or the current context where its span belongs to the
-    attempt's trace (a span of the user's own around the checkpoint); the current context where there is no agent."""
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace
-
-    from torchelastic_otel._torch.worker_env import agent_context
-
-    current = otel_context.get_current()
-    agent = agent_context()
-    if agent is None:
-        return current
-    span_context = trace.get_current_span(current).get_span_context()
-    if span_context.is_valid and span_context.trace_id == trace.get_current_span(agent).get_span_context().trace_id:
-        return current
-    return agent
-
-
 def _step_at(start_ns: int) -> int:
     """The steps this rank had ended at ``start_ns`` (the marks since then are taken off the count)."""
     from torchelastic_otel._torch.worker import steps
@@ -472,7 +458,7 @@ def _emit(call: _Call) -> None:
     from torchelastic_otel.version import __version__
 
     step = _step_at(call.start_ns)
-    attributes: dict[str, Any] = {names.CHECKPOINT_API: call.api, names.CHECKPOINT_STEP: step}
+    attributes: dict[str, object] = {names.CHECKPOINT_API: call.api, names.CHECKPOINT_STEP: step}
     if call.kind == SAVE:
         attributes[names.CHECKPOINT_ASYNC] = call.is_async
     if call.bytes is not None:
@@ -505,90 +491,62 @@ class _Committed:
         self.start_ns = start_ns
 
 
-class _CheckpointBuffer(_drainer.ItemBuffer):
-    """Checkpoint calls on their way to the SDK, drained by the drainer's thread (every 0.5 s, before each metric
-    collection, at every flush and at exit): the training thread only appends."""
-
-    signal = "metrics"  # drained completely before a metric collection: the histogram and gauge are up to date
-
-    def __init__(self) -> None:
-        super().__init__(MAX_PENDING)
-        _drainer.register(self)
-
-    def export(self, item: _Call | _Committed) -> None:
-        if isinstance(item, _Committed):
-            instruments().step.set(_step_at(item.start_ns))
-        else:
-            _emit(item)
-
-    def failed(self, exc: Exception) -> None:
-        _dropped(exc)
+def _export(item: _Call | _Committed) -> None:
+    if isinstance(item, _Committed):
+        instruments().step.set(_step_at(item.start_ns))
+    else:
+        _emit(item)
 
 
-_buffer = _CheckpointBuffer()
+def _dropped(exc: BaseException) -> None:
+    selftelemetry.count_exception("traces", "checkpoint_error", exc)
 
 
-def drain() -> None:
-    """Export the checkpoint calls buffered so far now (the drainer does it on its own every 0.5 s)."""
-    try:
-        _buffer.drain()
-    except Exception as exc:
-        _dropped(exc)
+#: Checkpoint calls on their way to the SDK, exported by the drainer's thread (``_export.drainer``: before each
+#: metric collection too, so the histogram and the gauge are up to date): the training thread only appends.
+_buffer = _drainer.ItemBuffer(MAX_PENDING, "metrics", _export, _dropped)
+drain = _buffer.drain_now  # export the checkpoint calls buffered so far now (the drainer does it on its own)
 
 
-class _Instruments:
-    """The checkpoint instruments, on the current pipeline's meter provider (recreated after a rebuild)."""
+class Instruments:
+    """The checkpoint instruments, on one pipeline's meter."""
 
-    def __init__(self) -> None:
-        self._generation = -1
-        self._lock = threading.Lock()
-        self.duration: Any = None
-        self.step: Any = None
-
-    def get(self) -> _Instruments:
-        from torchelastic_otel import pipeline
+    def __init__(self, meter: Any) -> None:
         from torchelastic_otel.metrics.rules import DURATION_BUCKETS_S
-        from torchelastic_otel.version import __version__
 
-        generation = pipeline._generation[0]
-        if self.duration is not None and generation == self._generation:
-            return self
-        with self._lock:
-            meter = pipeline.get_pipeline().meter_provider.get_meter("torchelastic_otel", __version__)
-            self.duration = meter.create_histogram(
-                names.CHECKPOINT_DURATION, unit="s", explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
-                description="Time a checkpoint save or load blocked this rank (async_save: until it returned)",
-            )  # fmt: skip
-            self.step = meter.create_gauge(
-                names.WORKER_CHECKPOINT_STEP, unit="{step}",
-                description="The steps this rank had ended when its last completed checkpoint save began",
-            )  # fmt: skip
-            self._generation = generation
-        return self
+        self.duration = meter.create_histogram(
+            names.CHECKPOINT_DURATION,
+            unit="s",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+            description="Time a checkpoint save or load blocked this rank (async_save: until it returned)",
+        )
+        self.step = meter.create_gauge(
+            names.WORKER_CHECKPOINT_STEP,
+            unit="{step}",
+            description="The steps this rank had ended when its last completed checkpoint save began",
+        )
 
 
-_instruments = _Instruments()
+def _made(pipeline: Any) -> Instruments:
+    from torchelastic_otel.version import __version__
+
+    return Instruments(pipeline.meter_provider.get_meter("torchelastic_otel", __version__))
 
 
-def instruments() -> _Instruments:
+_instruments = PerPipeline(_made)
+
+
+def instruments() -> Instruments:
     return _instruments.get()
 
 
 # ---- never raising -------------------------------------------------------------------------------------------------
 
 
-def _tell_anatomy(function: Callable[..., None], *args: Any) -> None:
+def _tell_anatomy(function: Callable[..., None], *args: object) -> None:
     """``function(*args)``, one of ``anatomy``'s checkpoint marks (the anatomy of a step and goodput: where this
     rank's time goes); never raises."""
     try:
         function(*args)
     except Exception as exc:
         _dropped(exc)
-
-
-def _dropped(exc: BaseException) -> None:
-    try:
-        selftelemetry.count(selftelemetry.DROPPED, "traces", "checkpoint_error")
-        _logger.debug("torchelastic_otel: checkpoint telemetry dropped: %s", exc, exc_info=True)
-    except Exception:
-        pass

@@ -4,14 +4,14 @@ torch records every collective of a process group -- also those DDP's reducer is
 Recorder (gloo too, since torch 2.x; on by default in torch 2.13, ``TORCH_FR_BUFFER_SIZE`` entries, 2,000). The
 bridge reads it from its own thread (``_compat.flight_recorder``), never from the training path:
 
-- every tick (1 s), the status only (a few µs): per process group the sequence number of the last collective
-  enqueued, started and completed. The last enqueued becomes gauge ``torchelastic.worker.collective.seq``
+- every tick (1 s), the status only (no entries: cheap): per process group the sequence number of the last
+  collective enqueued, started and completed. The last enqueued becomes gauge ``torchelastic.worker.collective.seq``
   {``process_group``}: a rank whose number stays behind the others' is the rank the others wait for;
 - every ``TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL`` seconds, the entries: each step's *arrival* -- the time from the
   start of the step (the end of the one before, ``steps``) to this rank's enqueueing of the step's last collective
-  -- becomes histogram ``torchelastic.worker.step.arrival`` (s). A dump of 2,000 entries takes 14-40 ms with the
-  GIL held (``bench/bench_steps.py``), so by default the reads are 10 s apart at least, and further apart when a
-  dump takes longer than 10 ms: at most 0.1 % of the training thread's time.
+  -- becomes histogram ``torchelastic.worker.step.arrival`` (s). A dump of the entries holds the GIL for tens of
+  milliseconds (``bench/bench_steps.py``, docs/performance.md), so by default the reads are ``INTERVAL`` apart at
+  least, and further apart when a dump takes long: at most ``READ_SHARE`` of the training thread's time.
 
 On a CUDA job whose steps are measured on the GPU's clock (``anatomy``, ``device_clock``), the arrivals are those
 of the sampled steps, on the GPU's clock: the host enqueues its collectives ahead of the GPU.
@@ -19,11 +19,8 @@ of the sampled steps, on the GPU's clock: the host enqueues its collectives ahea
 Why arrival, not step time: under synchronous collectives every rank's step takes the same time, the fast ranks
 waiting inside a collective for the slow one. When a rank *arrives* differs: a rank slow in its data loading,
 forward or backward reaches the step's last collective (DDP's last gradient bucket) later by exactly its delay.
-Both ends of the interval are this process's own clock, so ranks on different hosts compare without clock sync.
-(Measured on a 4-rank DDP job with one rank slower by half a step: in its data loading, forward or backward,
-arrival named it at 1.46-1.49x the median rank each time; step time 1.00x for every rank; forward time from
-global module hooks only the forward case; the per-collective enqueue time compared across ranks missed the
-backward case, and needs clocks in sync across hosts.)
+Both ends of the interval are this process's own clock, so ranks on different hosts compare without clock sync
+(docs/training.md compares arrival with step time, forward time and enqueue times on a job with one slow rank).
 
 A process group is named by its description (``default_pg``, or what ``new_group(group_desc=...)`` was given),
 by its name where it has none (``undefined``).
@@ -78,8 +75,8 @@ class Group:
     pending: str = ""  # the oldest collective enqueued and not completed (``gloo:all_reduce``), if known
     pending_seq: int = -1
 
-    def attributes(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"last_enqueued": self.last_enqueued, "last_completed": self.last_completed}
+    def attributes(self) -> dict[str, object]:
+        out: dict[str, object] = {"last_enqueued": self.last_enqueued, "last_completed": self.last_completed}
         if self.last_started >= 0:
             out["last_started"] = self.last_started
         if self.pending:
@@ -94,7 +91,7 @@ class _Names:
         self.descriptions: dict[str, str] = {}
         self.lock = threading.Lock()
 
-    def learn(self, entries: list[dict[str, Any]]) -> None:
+    def learn(self, entries: list[dict[str, object]]) -> None:
         with self.lock:
             for entry in entries:
                 group = entry.get("process_group")
@@ -137,7 +134,7 @@ def _as_int(raw: Any) -> int:
         return -1
 
 
-def _groups(data: dict[str, Any]) -> list[Group]:
+def _groups(data: dict[str, object]) -> list[Group]:
     groups: list[Group] = []
     table = data.get("pg_status")
     if not isinstance(table, dict):
@@ -147,14 +144,20 @@ def _groups(data: dict[str, Any]) -> list[Group]:
             continue
         name = str(name)
         key = _names.key(name)
-        groups.append(Group(name, key if key is not None else "", _as_int(row.get("last_enqueued_collective")),
-                            _as_int(row.get("last_started_collective")),
-                            _as_int(row.get("last_completed_collective"))))  # fmt: skip
+        groups.append(
+            Group(
+                name,
+                key if key is not None else "",
+                _as_int(row.get("last_enqueued_collective")),
+                _as_int(row.get("last_started_collective")),
+                _as_int(row.get("last_completed_collective")),
+            )
+        )
     return groups
 
 
 def status() -> list[Group]:
-    """Every process group's last collectives (the Flight Recorder's status; no entries, a few µs)."""
+    """Every process group's last collectives (the Flight Recorder's status, without its entries: cheap)."""
     if not enabled():
         return []
     data = _compat.flight_recorder(include_collectives=False)
@@ -166,7 +169,7 @@ def status() -> list[Group]:
     return groups
 
 
-def read_entries() -> tuple[list[Group], list[dict[str, Any]]]:
+def read_entries() -> tuple[list[Group], list[dict[str, object]]]:
     """The status with each group's pending collective, and the entries (oldest first)."""
     if not enabled():
         return [], []
@@ -193,7 +196,7 @@ def read_entries() -> tuple[list[Group], list[dict[str, Any]]]:
     return groups, entries
 
 
-def summary(groups: list[Group] | None = None) -> dict[str, dict[str, Any]]:
+def summary(groups: list[Group] | None = None) -> dict[str, dict[str, object]]:
     """``{group: {last_enqueued, last_started, last_completed, pending, pending_seq}}`` (pending read from the
     entries when one is enqueued and not completed)."""
     if groups is None:
@@ -203,7 +206,7 @@ def summary(groups: list[Group] | None = None) -> dict[str, dict[str, Any]]:
     return {g.key.replace(".", "_"): g.attributes() for g in groups if g.key}
 
 
-def summary_attributes() -> dict[str, Any]:
+def summary_attributes() -> dict[str, object]:
     """The summary as event metadata (``collectives`` -> ``torchelastic.collectives.<group>.<field>``); ``{}``
     when there is none. Never raises: it goes on the records of a rank that is being stopped."""
     try:
@@ -224,7 +227,7 @@ class _Arrivals:
         self.done_until_ns = 0  # the end of the last step whose arrival was looked for
         self.next_read = time.monotonic() + (CONFIGURED_INTERVAL or INTERVAL)
         self.recent: collections.deque[float] = collections.deque(maxlen=MEDIAN_OF)
-        self.kept: list[dict[str, Any]] = []  # the entries read before the group was destroyed (for the exit)
+        self.kept: list[dict[str, object]] = []  # the entries read before the group was destroyed (for the exit)
 
     def due(self) -> bool:
         return time.monotonic() >= self.next_read
@@ -233,6 +236,15 @@ class _Arrivals:
         """Schedule the next read: the configured interval, else 10 s or more (``READ_SHARE``)."""
         interval = CONFIGURED_INTERVAL or max(INTERVAL, seconds / READ_SHARE)
         self.next_read = time.monotonic() + interval
+
+    @staticmethod
+    def span_s(arrivals: list[float]) -> float:
+        """The seconds the steps of ``arrivals`` covered, as far as this rank knows (its recent step ends)."""
+        marks = steps.recent_marks()
+        if len(marks) < 2:
+            return 0.0
+        per_step = (marks[-1] - marks[0]) / 1e9 / (len(marks) - 1)
+        return per_step * len(arrivals)
 
     def on_host(self, created: list[int]) -> list[float]:
         """The arrival of each step ended since the last time, on the host's clock (``created``: sorted)."""
@@ -243,10 +255,12 @@ class _Arrivals:
         return arrivals
 
     def record(self, arrivals: list[float]) -> int:
+        """The arrivals into the histogram (a fast loop's even sample: ``steps.sample``) and their median."""
         if arrivals:
             meters = steps.instruments()
-            for arrival in arrivals:
-                meters.arrival.record(arrival)
+            record = meters.arrival.record
+            for arrival in steps.sample(arrivals, self.span_s(arrivals)):
+                record(arrival)
             self.recent.extend(arrivals)
             meters.arrival_median.set(statistics.median(self.recent))
         return len(arrivals)
@@ -268,7 +282,7 @@ def arrivals_of(marks: list[int], created: list[int], after_ns: int = 0) -> list
 _arrivals = _Arrivals()
 
 
-def collectives_of(entries: list[dict[str, Any]]) -> list[anatomy.Collective]:
+def collectives_of(entries: list[dict[str, object]]) -> list[anatomy.Collective]:
     """Each entry's creation (host ns) and, where NCCL timed it (``TORCH_NCCL_ENABLE_TIMING``), its GPU seconds;
     oldest first. An unusable duration is left out, counted."""
     out: list[anatomy.Collective] = []
@@ -288,7 +302,7 @@ def collectives_of(entries: list[dict[str, Any]]) -> list[anatomy.Collective]:
     return out
 
 
-def _arrive(entries: list[dict[str, Any]]) -> None:
+def _arrive(entries: list[dict[str, object]]) -> None:
     """The steps' phases (with their wait for the last collective carved out: ``anatomy``) and their arrivals: on
     the GPU's clock where the job is on it, else on the host's."""
     found = collectives_of(entries)
@@ -319,7 +333,7 @@ def read_at_exit() -> None:
     has only these). Runs at exit, before the final collection; never raises."""
     try:
         steps.drain()
-        entries: list[dict[str, Any]] = []
+        entries: list[dict[str, object]] = []
         if enabled():
             entries = read_entries()[1]
         elif _arrivals.kept:

@@ -40,27 +40,31 @@ never raised:
   lacks, no permission), counted once per device and quantity, and not asked again;
 - ``nvml_read_failed``: any other failed read (a GPU lost, a timeout), counted each time: that point is lost.
 
-The instruments are created on the current pipeline's meter provider once it is ready and again after every
-rebuild (a forked child's own pipeline, a ``setup()``): once per meter provider. A forked child starts without NVML:
-CUDA is not usable there (``torch.cuda.is_initialized()`` is false in a child forked after CUDA was initialised).
+The instruments are created on the current pipeline's meter provider once it is ready and again after every rebuild (a
+forked child's own pipeline, a ``setup()``): ``_export.meters.Observed``, as ``memory`` does. A forked child starts
+without NVML: CUDA is not usable there (``torch.cuda.is_initialized()`` is false in a child forked after CUDA was
+initialised).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.metrics import Observation
 
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
-from torchelastic_otel import pipeline
+from torchelastic_otel._export.meters import Observed
 from torchelastic_otel._torch.patches import Patches
-from torchelastic_otel.version import __version__
+from torchelastic_otel._torch.worker import memory
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter
 
 __all__ = ["install", "installed", "INIT_RETRY_SECONDS", "INIT_RETRY_MAX_SECONDS"]
 
@@ -71,34 +75,33 @@ VENDOR = "NVIDIA"
 GPU = "gpu"  # hw.type
 GENERAL = "general"  # hw.gpu.task
 GPU_DIE = "gpu_die"  # hw.sensor_location
-_CUDA_MODULE = "torch.cuda"
 SIGNAL = "metrics"
 # NVML's return codes (nvml.h) that say a quantity will never be read on a device: not supported, no permission,
 # a function this driver lacks.
 _NOT_SUPPORTED, _NO_PERMISSION, _LIBRARY_NOT_FOUND, _FUNCTION_NOT_FOUND = 3, 4, 12, 13
 
 
-def _utilization(nvml: Any, handle: Any) -> float:
+def _utilization(nvml: Any, handle: object) -> float:
     return float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
 
 
-def _memory_used(nvml: Any, handle: Any) -> int:
+def _memory_used(nvml: Any, handle: object) -> int:
     return int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
 
 
-def _memory_total(nvml: Any, handle: Any) -> int:
+def _memory_total(nvml: Any, handle: object) -> int:
     return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
 
 
-def _power(nvml: Any, handle: Any) -> float:
+def _power(nvml: Any, handle: object) -> float:
     return float(nvml.nvmlDeviceGetPowerUsage(handle)) / 1000.0  # mW
 
 
-def _energy(nvml: Any, handle: Any) -> float:
+def _energy(nvml: Any, handle: object) -> float:
     return float(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1000.0  # mJ
 
 
-def _temperature(nvml: Any, handle: Any) -> float:
+def _temperature(nvml: Any, handle: object) -> float:
     return float(nvml.nvmlDeviceGetTemperature(handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0)))
 
 
@@ -107,7 +110,7 @@ class _Quantity:
     name: str  # the instrument
     kind: str  # gauge | updowncounter | counter
     unit: str
-    read: Callable[[Any, Any], float | int]
+    read: Callable[[object, object], float | int]
     attributes: str  # which of a _Gpu's attribute sets: utilization | gpu | component | sensor
     description: str
 
@@ -130,7 +133,7 @@ _QUANTITIES = (
 class _Gpu:
     """One NVML device as the process uses it: its handle, its attribute sets, what it does not report."""
 
-    handle: Any
+    handle: object
     hw_id: str
     attributes: dict[str, dict[str, str]]
     unsupported: set[str] = field(default_factory=set)
@@ -141,7 +144,7 @@ class _Nvml:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.module: Any = None
+        self.module: object = None
         self.given_up = False
         self.retry_at = 0.0
         self.backoff = INIT_RETRY_SECONDS
@@ -151,13 +154,9 @@ class _Nvml:
 
 
 class _State:
-    """Whether the instruments report, on which providers they are, the CUDA devices seen in use, NVML."""
+    """The CUDA devices seen in use, and NVML."""
 
     def __init__(self) -> None:
-        self.active = False
-        self.lock = threading.Lock()
-        self.providers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.provider_ids: set[int] = set()  # providers that cannot be weakly referenced
         self.devices: set[int] = set()
         self.nvml = _Nvml()
 
@@ -166,7 +165,6 @@ _state = _State()
 
 
 def _after_fork_in_child() -> None:
-    _state.lock = threading.Lock()  # another thread may have held it at the fork
     _state.nvml = _Nvml()  # the parent's handles and init are the parent's
     _state.devices = set()
 
@@ -176,7 +174,7 @@ if hasattr(os, "register_at_fork"):
 
 
 def installed() -> bool:
-    return _state.active
+    return _observed.active
 
 
 def _count_once(nvml: _Nvml, reason: str, *key: str) -> None:
@@ -190,11 +188,11 @@ def _code(error: BaseException) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _module(nvml: _Nvml) -> Any:
+def _module(nvml: _Nvml) -> object:
     """``pynvml``, initialised; ``None`` while it is not (counted; tried again only after the back-off)."""
     if nvml.module is not None:
         return nvml.module
@@ -234,16 +232,12 @@ def _module(nvml: _Nvml) -> Any:
         nvml.lock.release()
 
 
-def _devices(cuda: Any) -> list[int]:
-    """The devices whose allocator has reserved memory at some point of the process (``memory``'s rule)."""
-    devices = _state.devices
-    for device in range(cuda.device_count()):
-        if device not in devices and cuda.memory_reserved(device) > 0:
-            devices.add(device)
-    return sorted(devices)
+def _devices(cuda: object) -> list[int]:
+    """The devices in use (``memory``'s rule: ``memory.devices_in_use``)."""
+    return memory.devices_in_use(cuda, _state.devices)
 
 
-def _handle(pynvml: Any, cuda: Any, device: int) -> Any:
+def _handle(pynvml: Any, cuda: Any, device: int) -> object:
     """The NVML handle of the process's CUDA device ``device``: by its PCI bus id, else by its UUID."""
     properties = cuda.get_device_properties(device)
     bus = getattr(properties, "pci_bus_id", None)
@@ -257,7 +251,7 @@ def _handle(pynvml: Any, cuda: Any, device: int) -> Any:
     return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
 
 
-def _optional(read: Callable[[], Any]) -> str | None:
+def _optional(read: Callable[[], object]) -> str | None:
     """A recommended attribute: its text, ``None`` where NVML has none (the points go without it)."""
     try:
         raw = read()
@@ -267,7 +261,7 @@ def _optional(read: Callable[[], Any]) -> str | None:
     return value or None
 
 
-def _map(nvml: _Nvml, pynvml: Any, cuda: Any, device: int) -> _Gpu | None:
+def _map(nvml: _Nvml, pynvml: Any, cuda: object, device: int) -> _Gpu | None:
     """The NVML device of CUDA device ``device`` and its attributes, looked up once (``None``: unmapped, counted)."""
     if device in nvml.gpus:
         return nvml.gpus[device]
@@ -288,29 +282,39 @@ def _map(nvml: _Nvml, pynvml: Any, cuda: Any, device: int) -> _Gpu | None:
             value = _optional(read)
             if value is not None:
                 described[key] = value
-        sensor = {names.HW_ID: f"{hw_id}/temperature", names.HW_NAME: f"{hw_name} temperature",
-                  names.HW_PARENT: hw_id, names.HW_SENSOR_LOCATION: GPU_DIE}  # fmt: skip
-        gpu = _Gpu(handle, hw_id, {
-            "gpu": described,
-            "utilization": {**described, names.HW_GPU_TASK: GENERAL},
-            "component": {**identity, names.HW_TYPE: GPU},
-            "sensor": sensor,
-        })  # fmt: skip
+        sensor = {
+            names.HW_ID: f"{hw_id}/temperature",
+            names.HW_NAME: f"{hw_name} temperature",
+            names.HW_PARENT: hw_id,
+            names.HW_SENSOR_LOCATION: GPU_DIE,
+        }
+        gpu = _Gpu(
+            handle,
+            hw_id,
+            {
+                "gpu": described,
+                "utilization": {**described, names.HW_GPU_TASK: GENERAL},
+                "component": {**identity, names.HW_TYPE: GPU},
+                "sensor": sensor,
+            },
+        )
     except Exception:
         _count_once(nvml, "nvml_device_unmapped", str(device))
     nvml.gpus[device] = gpu
     return gpu
 
 
-def _read(nvml: _Nvml, pynvml: Any, gpu: _Gpu, quantity: _Quantity) -> float | int | None:
+def _read(nvml: _Nvml, pynvml: object, gpu: _Gpu, quantity: _Quantity) -> float | int | None:
     if quantity.name in gpu.unsupported:
         return None
     try:
         return quantity.read(pynvml, gpu.handle)
     except Exception as error:
-        permanent = {getattr(pynvml, "NVML_ERROR_NOT_SUPPORTED", _NOT_SUPPORTED),
-                     getattr(pynvml, "NVML_ERROR_NO_PERMISSION", _NO_PERMISSION),
-                     getattr(pynvml, "NVML_ERROR_FUNCTION_NOT_FOUND", _FUNCTION_NOT_FOUND)}  # fmt: skip
+        permanent = {
+            getattr(pynvml, "NVML_ERROR_NOT_SUPPORTED", _NOT_SUPPORTED),
+            getattr(pynvml, "NVML_ERROR_NO_PERMISSION", _NO_PERMISSION),
+            getattr(pynvml, "NVML_ERROR_FUNCTION_NOT_FOUND", _FUNCTION_NOT_FOUND),
+        }
         if _code(error) in permanent:
             gpu.unsupported.add(quantity.name)
             _count_once(nvml, "nvml_unsupported", gpu.hw_id, quantity.name)
@@ -319,94 +323,52 @@ def _read(nvml: _Nvml, pynvml: Any, gpu: _Gpu, quantity: _Quantity) -> float | i
         return None
 
 
-def _observe(quantity: _Quantity) -> Callable[[Any], Iterable[Any]]:
-    def callback(options: Any) -> Iterable[Any]:
-        if not _state.active:
+def _readings(quantity: _Quantity) -> Callable[[], list[Observation]]:
+    """The observations of ``quantity``, one per GPU in use."""
+
+    def observe() -> list[Observation]:
+        cuda = memory.cuda_in_use()
+        if cuda is None:
             return []
-        try:
-            from opentelemetry.metrics import Observation
-
-            cuda = sys.modules.get(_CUDA_MODULE)
-            if cuda is None or not cuda.is_initialized():
-                return []
-            devices = _devices(cuda)
-            if not devices:
-                return []
-            nvml = _state.nvml
-            pynvml = _module(nvml)
-            if pynvml is None:
-                return []
-            seen: set[str] = set()
-            observations = []
-            for device in devices:
-                gpu = _map(nvml, pynvml, cuda, device)
-                if gpu is None or gpu.hw_id in seen:  # two CUDA devices on one GPU (MIG): one series
-                    continue
-                seen.add(gpu.hw_id)
-                value = _read(nvml, pynvml, gpu, quantity)
-                if value is not None:
-                    observations.append(Observation(value, gpu.attributes[quantity.attributes]))
-            return observations
-        except Exception:
-            selftelemetry.count(selftelemetry.DROPPED, SIGNAL, "device_metrics_error")
+        devices = _devices(cuda)
+        if not devices:
             return []
+        nvml = _state.nvml
+        pynvml = _module(nvml)
+        if pynvml is None:
+            return []
+        seen: set[str] = set()
+        observations = []
+        for device in devices:
+            gpu = _map(nvml, pynvml, cuda, device)
+            if gpu is None or gpu.hw_id in seen:  # two CUDA devices on one GPU (MIG): one series
+                continue
+            seen.add(gpu.hw_id)
+            value = _read(nvml, pynvml, gpu, quantity)
+            if value is not None:
+                observations.append(Observation(value, gpu.attributes[quantity.attributes]))
+        return observations
 
-    return callback
+    return observe
 
 
-def _known(provider: Any) -> bool:
-    try:
-        return provider in _state.providers
-    except TypeError:
-        return id(provider) in _state.provider_ids
+def _create(meter: Meter) -> None:
+    create = {
+        "gauge": meter.create_observable_gauge,
+        "counter": meter.create_observable_counter,
+        "updowncounter": meter.create_observable_up_down_counter,
+    }
+    for quantity in _QUANTITIES:
+        callback = _observed.callback(_readings(quantity), "device_metrics_error")
+        create[quantity.kind](quantity.name, callbacks=[callback], unit=quantity.unit, description=quantity.description)
 
 
-def _remember(provider: Any) -> None:
-    try:
-        _state.providers.add(provider)
-    except TypeError:
-        _state.provider_ids.add(id(provider))
-
-
-def _ensure(*_: Any) -> None:
-    """Create the instruments on the ready pipeline's meter provider, once per provider."""
-    if not _state.active:
-        return
-    current = pipeline.ready()
-    if current is None:
-        return
-    with _state.lock:
-        provider = current.meter_provider
-        if _known(provider):
-            return
-        try:
-            meter = provider.get_meter("torchelastic_otel", __version__)
-            create = {"gauge": meter.create_observable_gauge, "counter": meter.create_observable_counter,
-                      "updowncounter": meter.create_observable_up_down_counter}  # fmt: skip
-            for quantity in _QUANTITIES:
-                create[quantity.kind](quantity.name, callbacks=[_observe(quantity)], unit=quantity.unit,
-                                      description=quantity.description)  # fmt: skip
-        except Exception:
-            selftelemetry.count(selftelemetry.DROPPED, SIGNAL, "device_instruments_error")
-        _remember(provider)
+_observed = Observed(_create, "device_instruments_error")
 
 
 def install(patches: Patches) -> None:
     """Report the devices this worker uses (see the module's docstring); ``patches.restore()`` stops it. Idempotent."""
-    if _state.active:
+    if _observed.active:
         return
     _state.devices, _state.nvml = set(), _Nvml()  # installed anew (after an uninstall): NVML looked for anew
-    _state.active = True
-
-    def on_phase(phase: Any) -> None:
-        if phase is pipeline.Phase.READY:
-            _ensure()
-
-    pipeline.add_listener(on_phase)
-    pipeline.when_ready(_ensure)
-
-    def undo() -> None:
-        pipeline.remove_listener(on_phase)
-        _state.active = False  # the instruments stay on their provider (the SDK cannot drop them) and report nothing
-
-    patches.on_restore(undo)
+    patches.on_restore(_observed.start())

@@ -28,6 +28,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -62,7 +63,7 @@ class _Worker:
     yet known to have gone out."""
 
     def __init__(self) -> None:
-        self.attempt: Any = None
+        self.attempt: object = None
         self.final_logger: Any = None
         self.final_extras: list[Any] = []  # the training telemetry's collectives summary (``add_final_metadata``)
         self.emitted: list[str] = []  # final words emitted and kept for the agent
@@ -81,13 +82,13 @@ class _SpanOwner:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held = False
-        self._deferred: list[Callable[[], Any]] = []
+        self._deferred: list[Callable[[], object]] = []
 
     def hold(self) -> None:
         with self._lock:
             self._held = True
 
-    def send(self, send: Callable[[], Any]) -> None:
+    def send(self, send: Callable[[], object]) -> None:
         """``send()`` now, or when :meth:`release` ends the hold."""
         with self._lock:
             if self._held:
@@ -110,18 +111,18 @@ class _SpanOwner:
 _worker = _Worker()
 
 
-def attempt_context() -> Any:
+def attempt_context() -> object:
     """The context of the agent's attempt span this worker joined (``None`` if it joined none)."""
     return _worker.attempt
 
 
-def add_final_metadata(source: Any) -> Any:
+def add_final_metadata(source: object) -> object:
     """Let ``source()`` add attributes to the final records; returns how to take it back (``patches.on_restore``)."""
     _worker.final_extras.append(source)
     return lambda: _worker.final_extras.remove(source) if source in _worker.final_extras else None
 
 
-def _final_metadata() -> dict[str, Any]:
+def _final_metadata() -> dict[str, object]:
     metadata = worker_metadata()
     for source in list(_worker.final_extras):
         try:
@@ -169,7 +170,7 @@ def _join_agent_trace(patches: Patches) -> None:
     patches.on_restore(leave)
 
 
-def _keep_final_logger(_phase: Any = None) -> None:
+def _keep_final_logger(_phase: object = None) -> None:
     """Whenever a pipeline becomes READY, the logger the final words write to is at hand: they obtain nothing."""
     current = pipeline.ready()
     _worker.final_logger = (
@@ -221,7 +222,7 @@ def _confirm() -> Any:
     return confirm
 
 
-def _terminated_record(signum: int, stacks: _stacks.Stacks) -> Any:
+def _terminated_record(signum: int, stacks: _stacks.Stacks) -> object:
     """Where the rank was when it was stopped: every thread's stack, main thread first, and the line of the user's
     code the main thread was in (``code.*``: for a rank blocked in ``all_reduce``, the line that called it)."""
     try:
@@ -249,14 +250,15 @@ def _install_sigterm(patches: Patches) -> None:
 
 def _stop_in_c_while_torch_loads(patches: Patches) -> None:
     """While ``import torch`` runs, a SIGTERM is handled in C (``runtime.sigterm_in_c``): torch's import loads its
-    C++ libraries holding the GIL for 0.1-0.3 s, during which no Python runs -- the watcher's final words waited
-    for the load to end, and the rank died that much later than under plain torchrun. So for the import, the
+    C++ libraries holding the GIL (docs/performance.md), during which no Python runs -- the watcher's final words
+    would wait for the load to end, and the rank die that much later than under plain torchrun. So for the import, the
     stacks go to a file the agent turns into the terminated record (with the start span: ``final_words``), and the
     process dies at once. Only for a worker of a bridged agent (someone reads the file) that has nothing of its own
-    to flush when the import begins (no pipeline READY, nothing buffered); after the import, as before."""
+    to flush when the import begins (no pipeline READY, nothing buffered); before and after the import, the watcher
+    handles it."""
     if not final_words.has_agent():
         return
-    held: list[tuple[str, Any]] = []
+    held: list[tuple[str, object]] = []
 
     def before() -> None:
         metadata = {**_final_metadata(), "state": "TERMINATED", "signal": "SIGTERM"}
@@ -299,7 +301,7 @@ def _discard(opened: tuple[str, Any]) -> None:
 def _install_excepthook(patches: Patches) -> None:
     previous = sys.excepthook
 
-    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         try:
             if not issubclass(exc_type, KeyboardInterrupt):
                 cuda_memory = worker_memory.oom_figures(exc)  # a CUDA OOM's allocator figures, else None

@@ -16,8 +16,8 @@ root logger, and why:
   (one non-blocking pipe write; none when the output is not captured). What a handler's filter turns down was
   announced all the same: the record process forgets it after a while (``output_lines.Logged``);
 - the caller only copies the record with its message formatted (``logging.handlers.QueueHandler`` does the same)
-  and the current context into a bounded buffer; the drainer thread makes the OpenTelemetry record. The handler
-  costs ~35 us a call in the caller's thread, which a training loop should not pay;
+  and the current context into a bounded buffer; the drainer thread makes the OpenTelemetry record, which in the
+  caller's thread would cost a training loop many times more (docs/performance.md);
 - the trace context is the caller's current span, else the agent's attempt span (``TRACEPARENT``): records of
   threads without a span of their own belong to the attempt too;
 - records of the bridge's and OpenTelemetry's own loggers, of torch's event loggers (their events are exported as
@@ -44,6 +44,7 @@ from torchelastic_otel import _settings, pipeline
 from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel._torch import tracebacks
 from torchelastic_otel._torch.output import capture as output
+from torchelastic_otel._torch.patches import Patches
 
 __all__ = ["install", "ENABLE_ENV"]
 
@@ -63,7 +64,7 @@ def enabled() -> bool:
     return _settings.WORKER_LOGGING.get() and _settings.logs_exporters() != {"none"}
 
 
-def install(patches: Any, default_context: Callable[[], Any]) -> None:
+def install(patches: Patches, default_context: Callable[[], object]) -> None:
     """Capture logging records from now on; ``patches`` restores ``Logger.callHandlers`` (if still ours)."""
     if not enabled():
         return
@@ -144,7 +145,7 @@ def _handler_class() -> type:
         return LoggingHandler
 
 
-def _new_handler(logger_provider: Any) -> logging.Handler:
+def _new_handler(logger_provider: object) -> logging.Handler:
     """OpenTelemetry's handler with code attributes (``code.file.path``, ``code.function.name``, ...)."""
     cls = _handler_class()
     with warnings.catch_warnings():  # the SDK's handler warns that it is deprecated in favour of the other one
@@ -159,13 +160,13 @@ class _RecordBuffer(_drainer.Buffer):
 
     signal = "logs"
 
-    def __init__(self, default_context: Callable[[], Any]) -> None:
+    def __init__(self, default_context: Callable[[], object]) -> None:
         super().__init__(MAX_PENDING)
         self.default_context = default_context
         self._handler: logging.Handler | None = None
         self._generation = -1
         self._closed = False
-        self._fds: dict[int, tuple[Any, int]] = {}  # id(stream) -> (stream, its fd or -1)
+        self._fds: dict[int, tuple[object, int]] = {}  # id(stream) -> (stream, its fd or -1)
         _drainer.register(self)
 
     def before(self, logger: logging.Logger, record: logging.LogRecord) -> bool:
@@ -259,13 +260,13 @@ class _RecordBuffer(_drainer.Buffer):
             self._generation = pipeline.state.generation[0]
         return self._handler
 
-    def hand_over(self, keep: Callable[[dict[str, Any], Any], Any]) -> bool:
+    def hand_over(self, keep: Callable[[dict[str, object], object], object]) -> bool:
         """An exit before the pipeline was built: each buffered record, as its portable fields (:func:`portable`),
         to ``keep(fields, ctx)`` (``_export.drainer.hand_over_all``); ``True`` if every one was kept. The agent
         converts them with the same OpenTelemetry handler (``_torch.final_words``)."""
         return self._hand_over_items(keep, self._portable_item)
 
-    def _portable_item(self, item: tuple[logging.LogRecord, Any]) -> tuple[dict[str, Any], Any]:
+    def _portable_item(self, item: tuple[logging.LogRecord, Any]) -> tuple[dict[str, object], object]:
         record, ctx = item
         if not trace.get_current_span(ctx).get_span_context().is_valid:
             ctx = self.default_context() or ctx
@@ -277,11 +278,11 @@ class _RecordBuffer(_drainer.Buffer):
         _drainer.drain_all(time.monotonic() + 0.5, signal="logs")
 
 
-def portable(record: logging.LogRecord) -> dict[str, Any]:
+def portable(record: logging.LogRecord) -> dict[str, object]:
     """A frozen record's fields as JSON holds them (``logging.makeLogRecord`` makes the record again): values
     that are not plain become their ``str``; an exception becomes the ``exception.*`` attributes OpenTelemetry's
     handler would derive from it."""
-    fields: dict[str, Any] = {}
+    fields: dict[str, object] = {}
     for key, value in vars(record).items():
         if key in ("args", "exc_info"):
             continue
@@ -298,13 +299,13 @@ def portable(record: logging.LogRecord) -> dict[str, Any]:
     return fields
 
 
-def emit_portable(handler: logging.Handler, fields: dict[str, Any], extra: dict[str, Any]) -> None:
+def emit_portable(handler: logging.Handler, fields: dict[str, object], extra: dict[str, object]) -> None:
     """Emit the record :func:`portable` kept, with ``extra`` attributes, through ``handler`` (an agent's)."""
     record = logging.makeLogRecord({**fields, **extra})
     handler.emit(record)
 
 
-def new_handler(logger_provider: Any) -> logging.Handler:
+def new_handler(logger_provider: object) -> logging.Handler:
     """OpenTelemetry's logging handler, writing to ``logger_provider``."""
     return _new_handler(logger_provider)
 

@@ -39,7 +39,7 @@ is initialised, each call guarded, nothing made that was not there.
 
 A callback never raises: what it cannot read is counted (``torchelastic_otel.dropped``, signal ``metrics``).
 The instruments are created on the current pipeline's meter provider once it is ready and again after every
-rebuild (a forked child's own pipeline, a ``setup()``), as ``steps`` does: keyed on ``pipeline._generation``.
+rebuild (a forked child's own pipeline, a ``setup()``): ``_export.meters.Observed``, as ``devices`` does.
 """
 
 from __future__ import annotations
@@ -50,21 +50,34 @@ import re
 import sys
 import threading
 import time
-import weakref
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.metrics import Observation
 
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
-from torchelastic_otel import pipeline
+from torchelastic_otel._export.meters import Observed
 from torchelastic_otel._torch.patches import Patches
-from torchelastic_otel.version import __version__
 
-__all__ = ["forecast", "install", "installed", "oom_attributes", "oom_figures", "rss_bytes"]
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter
+
+__all__ = [
+    "cuda_in_use",
+    "devices_in_use",
+    "forecast",
+    "install",
+    "installed",
+    "oom_attributes",
+    "oom_figures",
+    "rss_bytes",
+]
 
 STATM = "/proc/self/statm"
 DEVICE = names.DEVICE
 _CUDA_MODULE = "torch.cuda"
+_CUDA_ERROR = "cuda_memory_error"  # what a failed read of the allocator is counted as
 #: (instrument name, torch.cuda function, description) of the CUDA gauges.
 _CUDA_GAUGES = (
     (names.WORKER_CUDA_MEMORY_ALLOCATED, "memory_allocated",
@@ -85,9 +98,12 @@ FORECAST_MIN_LATE_SHARE = 0.5
 #: The figures of an out-of-memory error, as the failure file holds them, and their attributes on the exception
 #: record.
 OOM_ATTRIBUTES = {
-    "device": names.CUDA_MEMORY_DEVICE, "allocated": names.CUDA_MEMORY_ALLOCATED,
-    "reserved": names.CUDA_MEMORY_RESERVED, "peak": names.CUDA_MEMORY_PEAK, "total": names.CUDA_MEMORY_TOTAL,
-}  # fmt: skip
+    "device": names.CUDA_MEMORY_DEVICE,
+    "allocated": names.CUDA_MEMORY_ALLOCATED,
+    "reserved": names.CUDA_MEMORY_RESERVED,
+    "peak": names.CUDA_MEMORY_PEAK,
+    "total": names.CUDA_MEMORY_TOTAL,
+}
 _clock = time.monotonic  # the readings' clock (a test scripts it)
 _OOM_DEVICE = re.compile(r"\bGPU (\d+)\b")  # torch's message: "... GPU 0 has a total capacity of ..."
 
@@ -111,14 +127,9 @@ def rss_bytes() -> int | None:
 
 
 class _State:
-    """Whether the instruments report, on which providers they are, and the CUDA devices seen in use."""
+    """The CUDA devices seen in use, their totals, and the forecast's readings."""
 
     def __init__(self) -> None:
-        self.active = False
-        self.lock = threading.Lock()
-        self.generation = -1
-        self.providers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.provider_ids: set[int] = set()  # providers that cannot be weakly referenced
         self.devices: set[int] = set()
         self.totals: dict[int, int] = {}  # each device's total memory, read once
         self.readings_lock = threading.Lock()  # collections of two readers may run at once
@@ -129,7 +140,6 @@ _state = _State()
 
 
 def _after_fork_in_child() -> None:
-    _state.lock = threading.Lock()  # another thread may have held it at the fork
     _state.readings_lock = threading.Lock()
     _state.readings = {}  # the parent's: not this process's allocator
 
@@ -139,51 +149,56 @@ if hasattr(os, "register_at_fork"):
 
 
 def installed() -> bool:
-    return _state.active
+    return _observed.active
 
 
-def _devices(cuda: Any) -> list[int]:
-    """The devices whose allocator has reserved memory at some point of the process (looked for at each call)."""
-    devices = _state.devices
+def _rss() -> list[Observation]:
+    rss = rss_bytes()
+    if rss is None:
+        selftelemetry.count(selftelemetry.DROPPED, "metrics", "process_memory_unreadable")
+        return []
+    return [Observation(rss)]
+
+
+def _per_device(value: Callable[[object, int], float | None]) -> Callable[[], list[Observation]]:
+    """The observations of ``value(cuda, device)`` for each device in use (none where it is ``None``)."""
+
+    def observe() -> list[Observation]:
+        cuda = cuda_in_use()
+        if cuda is None:
+            return []
+        out = []
+        for device in _devices(cuda):
+            found = value(cuda, device)
+            if found is not None:
+                out.append(Observation(found, {DEVICE: device}))
+        return out
+
+    return observe
+
+
+def _figure(function: str) -> Callable[[object, int], float | None]:
+    """One of the allocator's figures: ``torch.cuda.<function>(device)``."""
+    return lambda cuda, device: int(getattr(cuda, function)(device))
+
+
+def cuda_in_use() -> object:
+    """The job's ``torch.cuda`` once it has initialised CUDA; ``None`` before (never imports it)."""
+    module = sys.modules.get(_CUDA_MODULE)
+    return module if module is not None and module.is_initialized() else None
+
+
+def devices_in_use(cuda: Any, seen: set[int]) -> list[int]:
+    """The devices whose allocator has reserved memory at some point of the process, in order: ``seen`` (the
+    caller's, kept across calls) and those found now (added to it)."""
     for device in range(cuda.device_count()):
-        if device not in devices and cuda.memory_reserved(device) > 0:
-            devices.add(device)
-    return sorted(devices)
+        if device not in seen and cuda.memory_reserved(device) > 0:
+            seen.add(device)
+    return sorted(seen)
 
 
-def _observe_rss(options: Any) -> Iterable[Any]:
-    if not _state.active:
-        return []
-    try:
-        from opentelemetry.metrics import Observation
-
-        rss = rss_bytes()
-        if rss is None:
-            selftelemetry.count(selftelemetry.DROPPED, "metrics", "process_memory_unreadable")
-            return []
-        return [Observation(rss)]
-    except Exception:
-        selftelemetry.count(selftelemetry.DROPPED, "metrics", "process_memory_error")
-        return []
-
-
-def _observe_cuda(function: str) -> Callable[[Any], Iterable[Any]]:
-    def callback(options: Any) -> Iterable[Any]:
-        if not _state.active:
-            return []
-        try:
-            from opentelemetry.metrics import Observation
-
-            cuda = sys.modules.get(_CUDA_MODULE)
-            if cuda is None or not cuda.is_initialized():
-                return []
-            read = getattr(cuda, function)
-            return [Observation(int(read(device)), {DEVICE: device}) for device in _devices(cuda)]
-        except Exception:
-            selftelemetry.count(selftelemetry.DROPPED, "metrics", "cuda_memory_error")
-            return []
-
-    return callback
+def _devices(cuda: object) -> list[int]:
+    return devices_in_use(cuda, _state.devices)
 
 
 def _total(cuda: Any, device: int) -> int | None:
@@ -193,7 +208,7 @@ def _total(cuda: Any, device: int) -> int | None:
         try:
             total = int(cuda.get_device_properties(device).total_memory)
         except Exception:
-            selftelemetry.count(selftelemetry.DROPPED, "metrics", "cuda_memory_error")
+            selftelemetry.count(selftelemetry.DROPPED, "metrics", _CUDA_ERROR)
             return None
         if total <= 0:
             return None
@@ -201,47 +216,11 @@ def _total(cuda: Any, device: int) -> int | None:
     return total
 
 
-def _observe_total(options: Any) -> Iterable[Any]:
-    if not _state.active:
-        return []
-    try:
-        from opentelemetry.metrics import Observation
-
-        cuda = sys.modules.get(_CUDA_MODULE)
-        if cuda is None or not cuda.is_initialized():
-            return []
-        out = []
-        for device in _devices(cuda):
-            total = _total(cuda, device)
-            if total is not None:
-                out.append(Observation(total, {DEVICE: device}))
-        return out
-    except Exception:
-        selftelemetry.count(selftelemetry.DROPPED, "metrics", "cuda_memory_error")
-        return []
-
-
-def _observe_full_in(options: Any) -> Iterable[Any]:
-    """Keep this collection's reading of each device's allocated memory; the forecast where it grows steadily."""
-    if not _state.active:
-        return []
-    try:
-        from opentelemetry.metrics import Observation
-
-        cuda = sys.modules.get(_CUDA_MODULE)
-        if cuda is None or not cuda.is_initialized():
-            return []
-        out = []
-        for device in _devices(cuda):
-            readings = _keep(device, _clock(), float(cuda.memory_allocated(device)))
-            total = _total(cuda, device)
-            seconds = forecast(readings, total) if total is not None else None
-            if seconds is not None:
-                out.append(Observation(seconds, {DEVICE: device}))
-        return out
-    except Exception:
-        selftelemetry.count(selftelemetry.DROPPED, "metrics", "cuda_memory_error")
-        return []
+def _full_in(cuda: Any, device: int) -> float | None:
+    """Keep this collection's reading of the device's allocated memory; the forecast where it grows steadily."""
+    readings = _keep(device, _clock(), float(cuda.memory_allocated(device)))
+    total = _total(cuda, device)
+    return forecast(readings, total) if total is not None else None
 
 
 def _keep(device: int, now: float, allocated: float) -> list[tuple[float, float]]:
@@ -340,75 +319,39 @@ def oom_attributes(figures: dict[str, int] | None) -> dict[str, int]:
     return {OOM_ATTRIBUTES[key]: value for key, value in (figures or {}).items() if key in OOM_ATTRIBUTES}
 
 
-def _known(provider: Any) -> bool:
-    try:
-        return provider in _state.providers
-    except TypeError:
-        return id(provider) in _state.provider_ids
+def _create(meter: Meter) -> None:
+    meter.create_observable_up_down_counter(
+        names.PROCESS_MEMORY_USAGE,
+        callbacks=[_observed.callback(_rss, "process_memory_error")],
+        unit="By",
+        description="The amount of physical memory in use (resident set size) of this worker process",
+    )
+    for name, function, description in _CUDA_GAUGES:
+        meter.create_observable_gauge(
+            name,
+            callbacks=[_observed.callback(_per_device(_figure(function)), _CUDA_ERROR)],
+            unit="By",
+            description=description,
+        )
+    meter.create_observable_gauge(
+        names.WORKER_CUDA_MEMORY_TOTAL,
+        callbacks=[_observed.callback(_per_device(_total), _CUDA_ERROR)],
+        unit="By",
+        description="The memory of this CUDA device (torch.cuda.get_device_properties(device).total_memory)",
+    )
+    meter.create_observable_gauge(
+        names.WORKER_CUDA_MEMORY_FULL_IN,
+        callbacks=[_observed.callback(_per_device(_full_in), _CUDA_ERROR)],
+        unit="s",
+        description="Seconds until the memory allocated on this CUDA device reaches its total at its current "
+        "rate of growth (only while it grows steadily)",
+    )
 
 
-def _remember(provider: Any) -> None:
-    try:
-        _state.providers.add(provider)
-    except TypeError:
-        _state.provider_ids.add(id(provider))
-
-
-def _ensure(*_: Any) -> None:
-    """Create the instruments on the ready pipeline's meter provider, once per pipeline (generation) and provider."""
-    if not _state.active:
-        return
-    generation = pipeline._generation[0]
-    if generation == _state.generation:
-        return
-    current = pipeline.ready()
-    if current is None:
-        return
-    with _state.lock:
-        provider = current.meter_provider
-        if _known(provider):
-            _state.generation = generation
-            return
-        try:
-            meter = provider.get_meter("torchelastic_otel", __version__)
-            meter.create_observable_up_down_counter(
-                names.PROCESS_MEMORY_USAGE, callbacks=[_observe_rss], unit="By",
-                description="The amount of physical memory in use (resident set size) of this worker process",
-            )  # fmt: skip
-            for name, function, description in _CUDA_GAUGES:
-                meter.create_observable_gauge(name, callbacks=[_observe_cuda(function)], unit="By",
-                                              description=description)  # fmt: skip
-            meter.create_observable_gauge(
-                names.WORKER_CUDA_MEMORY_TOTAL, callbacks=[_observe_total], unit="By",
-                description="The memory of this CUDA device (torch.cuda.get_device_properties(device).total_memory)",
-            )  # fmt: skip
-            meter.create_observable_gauge(
-                names.WORKER_CUDA_MEMORY_FULL_IN, callbacks=[_observe_full_in], unit="s",
-                description="Seconds until the memory allocated on this CUDA device reaches its total at its current "
-                "rate of growth (only while it grows steadily)",
-            )  # fmt: skip
-        except Exception:
-            selftelemetry.count(selftelemetry.DROPPED, "metrics", "memory_instruments_error")
-        _remember(provider)
-        _state.generation = generation
+_observed = Observed(_create, "memory_instruments_error")
 
 
 def install(patches: Patches) -> None:
     """Report this worker's memory (see the module's docstring); ``patches.restore()`` stops it. Idempotent."""
-    if _state.active:
-        return
-    _state.active = True
-    _state.generation = -1
-
-    def on_phase(phase: Any) -> None:
-        if phase is pipeline.Phase.READY:
-            _ensure()
-
-    pipeline.add_listener(on_phase)
-    pipeline.when_ready(_ensure)
-
-    def undo() -> None:
-        pipeline.remove_listener(on_phase)
-        _state.active = False  # the instruments stay on their provider (the SDK cannot drop them) and report nothing
-
-    patches.on_restore(undo)
+    if not _observed.active:
+        patches.on_restore(_observed.start())

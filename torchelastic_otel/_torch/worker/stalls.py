@@ -120,7 +120,7 @@ class Watchdog:
             stacks = _stacks.capture()
         except Exception:
             stacks = _stacks.Stacks("", 0, None)
-        metadata: dict[str, Any] = {
+        metadata: dict[str, object] = {
             **worker_metadata(),
             "state": "STALLED",
             "stalled": {
@@ -134,14 +134,14 @@ class Watchdog:
         if stacks.text:
             metadata.update(stack=stacks.text, stack_threads=stacks.threads)
         metadata.update(collectives.summary_attributes())
-        code: dict[str, Any] = {}
+        code: dict[str, object] = {}
         frame = stacks.user_frame
         if frame is not None:
             code = {"code.file.path": frame.path, "code.line.number": frame.line, "code.function.name": frame.function}
         _export(metadata, code)
 
 
-def _export(metadata: dict[str, Any], code: dict[str, Any]) -> None:
+def _export(metadata: dict[str, object], code: dict[str, Any]) -> None:
     """The record (in the agent's attempt trace, like the worker's other records), flushed at once: a stalled job is
     often stopped soon after."""
     from opentelemetry import context as otel_context

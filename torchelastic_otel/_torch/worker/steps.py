@@ -18,19 +18,23 @@ collectives in its steps, and the stall watchdog (``stalls``) asks when the last
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import statistics
-import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
-from torchelastic_otel import pipeline
+from torchelastic_otel._export.meters import PerPipeline
 from torchelastic_otel._torch.worker import anatomy
 from torchelastic_otel._torch.worker.timeline import EXPLICIT, MAX_PENDING, timeline
 from torchelastic_otel.metrics.rules import DURATION_BUCKETS_S
 from torchelastic_otel.version import __version__
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Histogram, Meter
+
+#: The instrumentation scope of the worker's instruments.
+SCOPE = "torchelastic_otel"
 
 __all__ = [
     "step",
@@ -43,7 +47,6 @@ __all__ = [
     "EXPLICIT",
 ]
 
-_logger = logging.getLogger("torchelastic_otel")
 
 #: Step ends kept for the Flight Recorder reader (a few minutes of fast steps).
 MAX_MARKS = 4096
@@ -96,89 +99,74 @@ class _Clock:
         return duration
 
 
-class _Instruments:
-    """The instruments of the worker's training telemetry, on the current pipeline's meter provider."""
+class Instruments:
+    """The instruments of the worker's training telemetry, on one pipeline's meter."""
 
-    def __init__(self) -> None:
-        self._generation = -1
-        self._lock = threading.Lock()
-        self.duration: Any = None
-        self.steps: Any = None
-        self.arrival: Any = None
-        self.seq: Any = None
-        self.phase: Any = None
-        self.goodput: Any = None
-        self.at_risk: Any = None
-        self.phase_median: Any = None
-        self.gpu_idle: Any = None
-        self.arrival_median: Any = None
-
-    def get(self) -> _Instruments:
-        generation = pipeline._generation[0]
-        if self.duration is not None and generation == self._generation:
-            return self
-        with self._lock:
-            provider = pipeline.get_pipeline().meter_provider
-            meter = provider.get_meter("torchelastic_otel", __version__)
-            self.duration = meter.create_histogram(
-                names.WORKER_STEP_DURATION, unit="s", explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
-                description="Time between two consecutive training steps of this rank (optimizer steps)",
-            )  # fmt: skip
-            self.steps = meter.create_counter(
-                names.WORKER_STEPS, unit="{step}", description="Training steps of this rank"
+    def __init__(self, meter: Meter) -> None:
+        def histogram(name: str, description: str) -> Histogram:
+            return meter.create_histogram(
+                name, unit="s", explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S, description=description
             )
-            self.arrival = meter.create_histogram(
-                names.WORKER_STEP_ARRIVAL, unit="s", explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
-                description="Time from the start of a step to this rank's arrival at the step's last collective "
-                "(Flight Recorder): the rank's own work in the step, without its waits for other ranks",
-            )  # fmt: skip
-            self.seq = meter.create_gauge(
-                names.WORKER_COLLECTIVE_SEQ, unit="{collective}",
-                description="Sequence number of the last collective this rank enqueued, per process group",
-            )  # fmt: skip
-            self.phase = meter.create_histogram(
-                names.WORKER_STEP_PHASE_DURATION, unit="s", explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
-                description="Seconds of each phase of a training step of this rank (attribute phase: input, "
-                "forward, backward, optimizer, collective_wait, other)",
-            )  # fmt: skip
-            self.goodput = meter.create_counter(
-                names.GOODPUT_TIME, unit="s",
-                description="Where this process's time went, by cause (goodput: productive, startup, input_wait, "
-                "checkpoint_save, checkpoint_load, stalled, lost_progress; the agent adds rendezvous and restart)",
-            )  # fmt: skip
-            self.phase_median = meter.create_gauge(
-                names.WORKER_STEP_PHASE_MEDIAN, unit="s",
-                description="Median seconds of each phase of this rank's last steps (up to 1,001; attribute phase): "
-                "exact where the duration histogram's buckets only bound it",
-            )  # fmt: skip
-            self.gpu_idle = meter.create_histogram(
-                names.WORKER_STEP_GPU_IDLE, unit="s", explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
-                description="Seconds the GPU waited for the host in each training step of this rank measured on the "
-                "GPU's clock (CUDA events): a loader, a sync, the loop's Python",
-            )  # fmt: skip
-            self.arrival_median = meter.create_gauge(
-                names.WORKER_STEP_ARRIVAL_MEDIAN, unit="s",
-                description="Median arrival of this rank's last steps (up to 1,001) at their last collective",
-            )  # fmt: skip
-            # A synchronous gauge, set at each drain: an observable one registered here -- under the step buffer's
-            # lock, which a metric collection's drain waits for -- deadlocks with a collection that holds the SDK's
-            # consumer lock (seen: a worker hung in destroy_process_group).
-            self.at_risk = meter.create_gauge(
-                names.WORKER_PROGRESS_AT_RISK, unit="s",
-                description="Step seconds since this rank's last completed checkpoint save: what a failure now "
-                "would throw away (attribute cause: productive, input_wait, stalled)",
-            )  # fmt: skip
-            if anatomy.installed():  # every series from its first export: Prometheus's rate() skips a first value
-                for cause in anatomy.CAUSES:
-                    self.goodput.add(0, {names.CAUSE: cause})
-            self._generation = generation
-        return self
+
+        self.duration = histogram(
+            names.WORKER_STEP_DURATION, "Time between two consecutive training steps of this rank (optimizer steps)"
+        )
+        self.steps = meter.create_counter(names.WORKER_STEPS, unit="{step}", description="Training steps of this rank")
+        self.arrival = histogram(
+            names.WORKER_STEP_ARRIVAL,
+            "Time from the start of a step to this rank's arrival at the step's last collective (Flight Recorder): "
+            "the rank's own work in the step, without its waits for other ranks",
+        )
+        self.seq = meter.create_gauge(
+            names.WORKER_COLLECTIVE_SEQ,
+            unit="{collective}",
+            description="Sequence number of the last collective this rank enqueued, per process group",
+        )
+        self.phase = histogram(
+            names.WORKER_STEP_PHASE_DURATION,
+            "Seconds of each phase of a training step of this rank (attribute phase: input, forward, backward, "
+            "optimizer, collective_wait, other; clock: device where the GPU's own)",
+        )
+        self.goodput = meter.create_counter(
+            names.GOODPUT_TIME,
+            unit="s",
+            description="Where this process's time went, by cause (goodput: productive, startup, input_wait, "
+            "checkpoint_save, checkpoint_load, stalled, lost_progress; the agent adds rendezvous and restart)",
+        )
+        self.phase_median = meter.create_gauge(
+            names.WORKER_STEP_PHASE_MEDIAN,
+            unit="s",
+            description="Median seconds of each phase of this rank's last steps (up to 1,001; attribute phase): "
+            "exact where the duration histogram's buckets only bound it",
+        )
+        self.gpu_idle = histogram(
+            names.WORKER_STEP_GPU_IDLE,
+            "Seconds the GPU waited for the host in each training step of this rank measured on the GPU's clock "
+            "(CUDA events): a loader, a sync, the loop's Python",
+        )
+        self.arrival_median = meter.create_gauge(
+            names.WORKER_STEP_ARRIVAL_MEDIAN,
+            unit="s",
+            description="Median arrival of this rank's last steps (up to 1,001) at their last collective",
+        )
+        # A synchronous gauge, set at each drain: an observable one registered here -- under the timeline's lock,
+        # which a metric collection's drain waits for -- deadlocks with a collection that holds the SDK's consumer
+        # lock (a worker hung in destroy_process_group).
+        self.at_risk = meter.create_gauge(
+            names.WORKER_PROGRESS_AT_RISK,
+            unit="s",
+            description="Step seconds since this rank's last completed checkpoint save: what a failure now would "
+            "throw away (attribute cause: productive, input_wait, stalled)",
+        )
+        if anatomy.installed():  # every series from its first export: Prometheus's rate() skips a first value
+            for cause in anatomy.CAUSES:
+                self.goodput.add(0, {names.CAUSE: cause})
 
 
-_instruments = _Instruments()
+_instruments = PerPipeline(lambda pipeline: Instruments(pipeline.meter_provider.get_meter(SCOPE, __version__)))
 
 
-def instruments() -> _Instruments:
+def instruments() -> Instruments:
     """The instruments, (re)created for the current pipeline (after a fork's rebuild, a ``setup()``)."""
     return _instruments.get()
 
@@ -190,7 +178,7 @@ class _Steps:
     def __init__(self) -> None:
         self.clock = _Clock()
 
-    def consume(self, marks: list[tuple[int, int, Any]]) -> None:
+    def consume(self, marks: list[tuple[int, int, object]]) -> None:
         """Turn drained marks into steps and record them (one counter call, one histogram call a step)."""
         durations: list[float] = []
         count = 0
@@ -226,20 +214,31 @@ class _Steps:
 
     @staticmethod
     def _record(count: int, durations: list[float]) -> None:
+        """The counter counts every step; the duration histogram, a fast loop's even sample (``sample``)."""
         try:
             meters = instruments()
             meters.steps.add(count)
             record = meters.duration.record
-            for duration in durations:
+            for duration in sample(durations, sum(durations)):
                 record(duration)
         except Exception as exc:
-            selftelemetry.count(selftelemetry.DROPPED, "metrics", "record_error")
-            _logger.debug("torchelastic_otel: step metrics dropped: %s", exc, exc_info=True)
+            selftelemetry.count_exception("metrics", "record_error", exc)
 
     def reset(self) -> None:
         """A forked child (a data loader worker) takes no steps of its parent's; tests start afresh."""
         self.clock = _Clock()
         anatomy.reset_after_fork()
+
+
+def sample(values: list[Any], span_seconds: float) -> list[Any]:
+    """At most ``anatomy.PHASE_STEPS_PER_SECOND`` of ``values`` a second of the ``span_seconds`` they cover (a batch
+    of ``anatomy.PHASE_STEPS_AT_ONCE`` whole, whatever its pace): an even sample of a fast loop's steps, so that
+    recording them costs the job a bounded share of its time (each SDK call costs microseconds)."""
+    allowed = max(float(anatomy.PHASE_STEPS_AT_ONCE), span_seconds * anatomy.PHASE_STEPS_PER_SECOND)
+    if len(values) <= allowed:
+        return values
+    every = len(values) / allowed
+    return [values[int(i * every)] for i in range(int(allowed))]
 
 
 _steps = _Steps()
@@ -250,7 +249,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_steps.reset)
 
 
-def optimizer_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+def optimizer_hook(optimizer: object, args: object, kwargs: object) -> None:
     """torch's global optimizer step post hook: mark a step (the hot path: one append)."""
     _step_mark(id(optimizer))
 

@@ -73,9 +73,9 @@ class DeviceEvents:
         self.missed_counted = 0
         self.failed = 0
         self.failed_counted = 0
-        self.factory: Callable[[], Any] | None = None
+        self.factory: Callable[[], object] | None = None
 
-    def enable(self, factory: Callable[[], Any]) -> None:
+    def enable(self, factory: Callable[[], object]) -> None:
         """Record events from now on; ``factory()`` makes one (a ``torch.Event`` with timing, or a test's)."""
         self.factory = factory
         self.on = True
@@ -83,7 +83,7 @@ class DeviceEvents:
     def disable(self) -> None:
         self.on = self.armed = False
 
-    def record(self) -> Any:
+    def record(self) -> object:
         """An event recorded on the current stream now, or ``None`` (counted). The training thread only."""
         if self.capturing:
             self.missed += 1
@@ -115,7 +115,7 @@ class DeviceEvents:
         if self.failed >= 16:  # a changed torch, a device switched under us: stop trying, counted
             self.disable()
 
-    def step_ends(self, who: int) -> Any:
+    def step_ends(self, who: int) -> object:
         """The event of a step's end marked by ``who``, or ``None``; decides whether the next step is sampled.
 
         The steps are counted on one *lead* (the first optimizer to step, or explicit steps): a sampled step runs
@@ -135,7 +135,7 @@ class DeviceEvents:
             self.lead = None
         return self.record() if self.armed else None
 
-    def release(self, event: Any) -> None:
+    def release(self, event: object) -> None:
         """``event`` has been read: back to the pool (the drainer's thread)."""
         self.free.append(event)
 
@@ -166,7 +166,7 @@ class Timeline(_drainer.Buffer):
     def __init__(self) -> None:
         super().__init__(MAX_PENDING)
         self.device = DeviceEvents()
-        self._consumer: Callable[[list[tuple[int, int, Any]]], None] | None = None
+        self._consumer: Callable[[list[tuple[int, int, object]]], None] | None = None
         _drainer.register(self)
 
     # ---- the training thread --------------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ class Timeline(_drainer.Buffer):
         else:
             self._overflow += 1
 
-    def put(self, time_ns: int, code: int, event: Any = None) -> None:
+    def put(self, time_ns: int, code: int, event: object = None) -> None:
         """A mark made at ``time_ns`` (tests and replays: the training thread uses :meth:`mark`)."""
         if len(self._pending) < MAX_PENDING:
             self._pending.append((time_ns, code, event))
@@ -208,13 +208,13 @@ class Timeline(_drainer.Buffer):
         """``count`` marks did not fit (a wrapper's inlined append found the deque full)."""
         self._overflow += count
 
-    def appender(self) -> tuple[Callable[[tuple[int, int, Any]], None], collections.deque, DeviceEvents]:
+    def appender(self) -> tuple[Callable[[tuple[int, int, object]], None], collections.deque, DeviceEvents]:
         """What a wrapper inlines: the deque's ``append``, the deque (for its length) and the device events."""
         return self._pending.append, self._pending, self.device
 
     # ---- the drainer's thread -------------------------------------------------------------------------------------
 
-    def consume_with(self, consumer: Callable[[list[tuple[int, int, Any]]], None]) -> None:
+    def consume_with(self, consumer: Callable[[list[tuple[int, int, object]]], None]) -> None:
         """``consumer(marks)`` gets every drained batch, in order, under :attr:`lock` (``steps``): at every drain,
         an empty one too (steps wait there for the GPU to reach them)."""
         self._consumer = consumer

@@ -2,9 +2,9 @@
 
 - ``steps``: torch's global optimizer step post hook marks each step, once the script imports torch's optimizers
   (``imports.when_imported``: installing imports no torch; the watchdog's look registers it too, if it is not);
-- ``collectives``: torch's Flight Recorder stays on (``TORCH_FR_BUFFER_SIZE`` defaults to 2,000 entries here, torch
-  2.13's own default for gloo; a value you set wins, ``0`` turns it off): it costs ~1 µs a collective (measured on
-  gloo, ``bench/bench_steps.py``), the bridge reads it from its own thread;
+- ``collectives``: torch's Flight Recorder stays on (``TORCH_FR_BUFFER_SIZE`` defaults to
+  ``FLIGHT_RECORDER_ENTRIES`` here, torch's own default for gloo; a value you set wins, ``0`` turns it off; its cost
+  a collective is in ``bench/bench_steps.py``), the bridge reads it from its own thread;
 - ``stalls``: the watchdog, every second on the drainer's thread (``_export.drainer.add_periodic``);
 - the ``torchelastic.worker.terminated`` and ``torchelastic.worker.exception`` records of a stopped rank carry the
   same summary of its collectives as a stalled record (``torchelastic.collectives.<group>.*``): ``worker``'s
@@ -45,7 +45,9 @@ def enabled() -> bool:
     return _settings.STEPS.get()
 
 
-def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[str, Any]]], Any] | None = None) -> None:
+def install(
+    patches: Patches, add_final_metadata: Callable[[Callable[[], dict[str, object]]], Any] | None = None
+) -> None:
     """Set up the training telemetry of this torchrun worker (see the module's docstring)."""
     if not enabled():
         return
@@ -83,30 +85,26 @@ def install(patches: Patches, add_final_metadata: Callable[[Callable[[], dict[st
         patches.on_restore(add_final_metadata(_lost_progress))
 
 
-def _lost_progress() -> dict[str, Any]:
+def _lost_progress() -> dict[str, object]:
     """A final record's source (called once a failing worker's final words are written): count the lost progress
     once; its seconds go on the record too (``torchelastic.goodput.lost_seconds``)."""
     from torchelastic_otel._torch.worker import anatomy
 
-    if _lost[0] is None:
-        _lost[0] = anatomy.add_lost_progress()  # stays None before the first step: asked again at the next record
-    return {"goodput": {"lost_seconds": round(_lost[0], 3)}} if _lost[0] else {}
-
-
-_lost: list[float | None] = [None]
+    lost = anatomy.lost_progress()
+    return {"goodput": {"lost_seconds": round(lost, 3)}} if lost else {}
 
 
 def _read_before_destroy(patches: Patches) -> None:
     """Before the default process group is destroyed (a script's last call to torch.distributed, often followed by
     ``os._exit``, which skips ``atexit``): the Flight Recorder's last entries, as at exit. A job shorter than the
-    recorder's read interval (10 s) had none read before (issue 28: an 80-step job named no straggler)."""
+    recorder's read interval has none read before."""
     from torchelastic_otel._torch import imports, tracebacks
 
-    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(original: Callable[..., object]) -> Callable[..., object]:
         import functools
 
         @functools.wraps(original)
-        def destroy_process_group(group: Any = None, *args: Any, **kwargs: Any) -> Any:
+        def destroy_process_group(group: object = None, *args: object, **kwargs: object) -> object:
             if group is None:
                 _read_and_export()
             try:
@@ -118,7 +116,7 @@ def _read_before_destroy(patches: Patches) -> None:
         destroy_process_group.__torchelastic_otel_original__ = original  # type: ignore[attr-defined]
         return destroy_process_group
 
-    def hook(c10d: Any) -> None:
+    def hook(c10d: object) -> None:
         original = getattr(c10d, "destroy_process_group", None)
         if not callable(original) or hasattr(original, "__torchelastic_otel_original__"):
             return

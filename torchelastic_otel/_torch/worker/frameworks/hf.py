@@ -16,11 +16,11 @@ records nothing.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from torchelastic_otel import _compat
 from torchelastic_otel import _names as names
-from torchelastic_otel._torch import tracebacks
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker.frameworks import instruments
 
@@ -28,50 +28,40 @@ __all__ = ["install", "MODULE", "FRAMEWORK"]
 
 MODULE = "transformers.trainer"
 FRAMEWORK = "hf"
-#: Set while the integration is installed: a callback of a ``Trainer`` built before ``uninstall()`` stops.
-_installed = [False]
+
+
+_state = instruments.Integration()
 
 
 def install(patches: Patches) -> None:
-    from torchelastic_otel._torch import imports
-
-    def hook(module: Any) -> None:
-        _patch(patches, module)
-
-    imports.when_imported(MODULE, hook)
-
-    def undo() -> None:
-        imports.cancel(MODULE, hook)
-        _installed[0] = False
-
-    patches.on_restore(undo)
+    _state.install(patches, {MODULE: functools.partial(_patch, patches)})
 
 
-def _patch(patches: Patches, module: Any) -> None:
+def _patch(patches: Patches, module: object) -> None:
     cls = getattr(module, "Trainer", None)
     callback_base = getattr(module, "TrainerCallback", None)
     if not isinstance(cls, type) or not isinstance(callback_base, type):
         _compat.fallback(f"{MODULE}.Trainer", "not defined")
         return
-    init = cls.__dict__.get("__init__")
-    if init is None or getattr(init, "__torchelastic_otel__", False):
+    callback_class = _callback_class(callback_base)
+
+    def attach(trainer: Any) -> None:
+        trainer.add_callback(callback_class())
+
+    phases = (
+        ("train", names.FRAMEWORK_TRAIN, _attributes("train")),
+        ("evaluate", names.FRAMEWORK_EVALUATE, _attributes("evaluate")),
+    )
+    if not _state.patch_trainer(patches, cls, f"{MODULE}.Trainer", attach, phases):
         return
-    _installed[0] = True
-    patches.set(cls, "__init__", _wrap_init(init, _callback_class(callback_base)))
-    for attribute, name in (("train", names.FRAMEWORK_TRAIN), ("evaluate", names.FRAMEWORK_EVALUATE)):
-        original = cls.__dict__.get(attribute)
-        if original is None:
-            _compat.fallback(f"{MODULE}.Trainer.{attribute}", "not defined")
-            continue
-        patches.set(cls, attribute, instruments.phase_method(original, name, _attributes(attribute)))
     save = _compat.framework_method(cls, "_save_checkpoint")
     if save is not None:
         patches.set(cls, "_save_checkpoint", instruments.phase_method(save, names.FRAMEWORK_SAVE, _attributes("save")))
 
 
-def _attributes(phase: str) -> Any:
-    def attributes(trainer: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
-        found: dict[str, Any] = {names.FRAMEWORK: FRAMEWORK}
+def _attributes(phase: str) -> instruments.Attributes:
+    def attributes(trainer: object, args: tuple, kwargs: dict) -> dict[str, object]:
+        found: dict[str, object] = {names.FRAMEWORK: FRAMEWORK}
         step = getattr(getattr(trainer, "state", None), "global_step", None)
         if isinstance(step, int):
             found[names.FRAMEWORK_GLOBAL_STEP] = step
@@ -83,26 +73,7 @@ def _attributes(phase: str) -> Any:
     return attributes
 
 
-def _wrap_init(original: Any, callback_class: type) -> Any:
-    import functools
-
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            original(self, *args, **kwargs)
-        except BaseException as exc:
-            tracebacks.drop_own_frame(exc)
-            raise
-        try:
-            self.add_callback(callback_class())
-        except Exception as exc:
-            instruments._dropped(exc)
-
-    __init__.__torchelastic_otel__ = True  # type: ignore[attr-defined]
-    return __init__
-
-
-def _logged(state: Any, logs: Any) -> Any:
+def _logged(state: object, logs: Any) -> Any:
     """The log call's values: ``Trainer.log`` appends a copy of them to ``state.log_history`` before the callbacks
     run, and a callback before ours may have taken keys out of ``logs`` (``PrinterCallback`` pops ``total_flos``)."""
     history = getattr(state, "log_history", None)
@@ -117,8 +88,8 @@ def _callback_class(base: type) -> type:
     class TorchelasticOtelCallback(base):
         """Every scalar ``Trainer.log`` produces becomes a ``torchelastic.framework.<key>`` gauge value."""
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-            if _installed[0] and logs:
+        def on_log(self, args: object, state: object, control: object, logs: object = None, **kwargs: object) -> None:
+            if _state.installed and logs:
                 instruments.record(FRAMEWORK, _logged(state, logs), getattr(state, "global_step", None))
 
     return TorchelasticOtelCallback

@@ -1,4 +1,5 @@
-"""What the framework adapters (``hf``, ``lightning``) share: logged scalars as gauges, phases as spans.
+"""What the framework adapters (``hf``, ``lightning``) share: logged scalars as gauges, phases as spans, and how
+they hook into a framework (:class:`Integration`, :func:`wrap_init`, :func:`phase_method`).
 
 The adapters run on the training thread and only append (a dict copy and a deque append per log call, a few
 attribute reads per phase): the gauges and spans are made on the drainer's thread (``_export.drainer``: every
@@ -13,14 +14,13 @@ arbitrary keys): values of further keys are dropped and counted (``torchelastic_
 (``framework_non_finite``). Gauge ``torchelastic.framework.step`` holds the framework's global step of its last log.
 
 Spans: :func:`begin` / :func:`end` around a phase; the parent is the phase begun before it on the same thread and
-still open (an evaluation inside training), else the agent's attempt (``checkpoints._parent_context``).
+still open (an evaluation inside training), else the agent's attempt (``worker_env.span_parent``).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import logging
 import math
 import re
 import threading
@@ -28,14 +28,27 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from torchelastic_otel import _compat
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import drainer as _drainer
+from torchelastic_otel._export.meters import PerPipeline
 from torchelastic_otel._torch import tracebacks
+from torchelastic_otel._torch.patches import Patches
 
-__all__ = ["record", "begin", "end", "drain", "unit_of", "metric_name", "MAX_KEYS"]
+__all__ = [
+    "record",
+    "begin",
+    "end",
+    "drain",
+    "unit_of",
+    "metric_name",
+    "Integration",
+    "wrap_init",
+    "phase_method",
+    "MAX_KEYS",
+]
 
-_logger = logging.getLogger("torchelastic_otel")
 
 #: Distinct logged keys a process turns into gauges; values of further keys are dropped and counted.
 MAX_KEYS = 100
@@ -47,6 +60,9 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.]+")
 #: Keys a framework uses for the step itself, not a value (Lightning's ``step``): they set the step gauge.
 STEP_KEYS = frozenset({"step", "global_step"})
 
+#: What a phase span's attributes are made of: ``(trainer, args, kwargs)`` of the call.
+Attributes = Callable[[object, tuple, dict], dict[str, object]]
+
 _local = threading.local()  # .stack: the tokens of this thread's open phases, innermost last
 _tokens = itertools.count(1)
 
@@ -54,28 +70,28 @@ _tokens = itertools.count(1)
 # ---- the training thread's side -------------------------------------------------------------------------------------
 
 
-def record(framework: str, values: Mapping[str, Any], step: int | None, split: str | None = None) -> None:
+def record(framework: str, values: Mapping[str, object], step: int | None, split: str | None = None) -> None:
     """Buffer one log call's values (``split``: where the framework knows it; else ``hf``'s key prefixes)."""
     try:
         _buffer.put(("log", framework, dict(values), step, split))
     except Exception as exc:
-        _dropped(exc)
+        dropped(exc)
 
 
-def begin(name: str, attributes: dict[str, Any]) -> int:
+def begin(name: str, attributes: dict[str, object]) -> int:
     """Open a phase span ``name`` now; returns its token for :func:`end` (``0``: nothing was opened)."""
     try:
-        from torchelastic_otel._torch.worker.checkpoints import _parent_context
+        from torchelastic_otel._torch.worker_env import span_parent
 
         token = next(_tokens)
         stack = _stack()
         parent = stack[-1] if stack else 0
-        context = None if parent else _parent_context()
+        context = None if parent else span_parent()
         stack.append(token)
         _buffer.put(("begin", token, name, attributes, time.time_ns(), parent, context))
         return token
     except Exception as exc:
-        _dropped(exc)
+        dropped(exc)
         return 0
 
 
@@ -92,11 +108,11 @@ def end(token: int, error: BaseException | None = None) -> None:
         status = None if error is None else f"{type(error).__name__}: {error}"[:1024]
         while stack:
             top = stack.pop()
-            _buffer._pending.append(("end", top, now, status))  # never turned away: an open span would leak
+            _buffer.put_always(("end", top, now, status))  # never turned away: an open span would leak
             if top == token:
                 break
     except Exception as exc:
-        _dropped(exc)
+        dropped(exc)
 
 
 def open_tokens() -> list[int]:
@@ -145,7 +161,7 @@ def hf_split(key: str) -> str:
     return "train"
 
 
-def scalar(value: Any) -> float | None:
+def scalar(value: object) -> float | None:
     """A real number as a float; ``None`` for anything else (strings, lists, tensors of more than one value)."""
     if isinstance(value, bool):
         return None
@@ -168,22 +184,17 @@ class _Gauges:
     """The gauges by key, on the current pipeline's meter provider (recreated after a rebuild)."""
 
     def __init__(self) -> None:
-        self.generation = -1
         self.meter: Any = None
-        self.by_key: dict[str, Any] = {}
-        self.step: Any = None
+        self.by_key: dict[str, object] = {}
+        self.step: object = None
 
-    def meter_now(self) -> Any:
+    def meter_now(self) -> object:
         """The meter of the current pipeline (asked once a drained log call; cheap when it has not changed)."""
-        pipeline = _pipeline()
-        generation = pipeline._generation[0]
-        if self.meter is None or generation != self.generation:
-            from torchelastic_otel.version import __version__
-
-            self.meter = pipeline.get_pipeline().meter_provider.get_meter("torchelastic_otel", __version__)
+        meter = _meter.get()
+        if meter is not self.meter:
+            self.meter = meter
             self.by_key, self.step = {}, None
-            self.generation = generation
-        return self.meter
+        return meter
 
     def step_gauge(self) -> Any:
         if self.step is None:
@@ -214,19 +225,16 @@ class _Gauges:
 _gauges = _Gauges()
 
 
-def _pipeline() -> Any:
-    """``torchelastic_otel.pipeline``, imported on the drainer's first use (not at the worker's start-up)."""
-    if not _modules:
-        from torchelastic_otel import pipeline
+def _make_meter(pipeline: Any) -> object:
+    from torchelastic_otel.version import __version__
 
-        _modules.append(pipeline)
-    return _modules[0]
+    return pipeline.meter_provider.get_meter("torchelastic_otel", __version__)
 
 
-_modules: list[Any] = []
+_meter: PerPipeline[object] = PerPipeline(_make_meter)
 
 
-def _emit_log(framework: str, values: dict[str, Any], step: int | None, split: str | None) -> None:
+def _emit_log(framework: str, values: dict[str, object], step: int | None, split: str | None) -> None:
     _gauges.meter_now()
     for key, raw in values.items():
         if not isinstance(key, str):
@@ -256,7 +264,9 @@ class _Spans:
     def __init__(self) -> None:
         self.open: dict[int, Any] = {}
 
-    def begin(self, token: int, name: str, attributes: dict[str, Any], start: int, parent: int, context: Any) -> None:
+    def begin(
+        self, token: int, name: str, attributes: dict[str, object], start: int, parent: int, context: object
+    ) -> None:
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind
 
@@ -285,61 +295,38 @@ class _Spans:
 _spans = _Spans()
 
 
-class _FrameworkBuffer(_drainer.ItemBuffer):
-    """Log calls and phase events on their way to the SDK, in the order they happened."""
-
-    signal = "metrics"  # drained completely before a metric collection: the gauges are up to date
-
-    def __init__(self) -> None:
-        super().__init__(MAX_PENDING)
-        _drainer.register(self)
-
-    def export(self, item: tuple[Any, ...]) -> None:
-        if item[0] == "log":
-            _emit_log(*item[1:])
-        elif item[0] == "begin":
-            _spans.begin(*item[1:])
-        else:
-            _spans.end(*item[1:])
-
-    def failed(self, exc: Exception) -> None:
-        _dropped(exc)
+def _export(item: tuple[Any, ...]) -> None:
+    if item[0] == "log":
+        _emit_log(*item[1:])
+    elif item[0] == "begin":
+        _spans.begin(*item[1:])
+    else:
+        _spans.end(*item[1:])
 
 
-_buffer = _FrameworkBuffer()
+def dropped(exc: BaseException) -> None:
+    selftelemetry.count_exception("metrics", "framework_error", exc)
 
 
-def drain() -> None:
-    """Export what is buffered now (the drainer does it on its own every 0.5 s)."""
-    try:
-        _buffer.drain()
-    except Exception as exc:
-        _dropped(exc)
-
-
-def _dropped(exc: BaseException) -> None:
-    try:
-        selftelemetry.count(selftelemetry.DROPPED, "metrics", "framework_error")
-        _logger.debug("torchelastic_otel: framework telemetry dropped: %s", exc, exc_info=True)
-    except Exception:
-        pass
+#: Log calls and phase events on their way to the SDK, in the order they happened (drained completely before a
+#: metric collection: the gauges are up to date).
+_buffer = _drainer.ItemBuffer(MAX_PENDING, "metrics", _export, dropped)
+drain = _buffer.drain_now  # export what is buffered now (the drainer does it on its own)
 
 
 # ---- wrapping a framework's method in a phase span -----------------------------------------------------------------
 
 
-def phase_method(
-    original: Callable[..., Any], name: str, attributes: Callable[[Any, tuple, dict], dict[str, Any]]
-) -> Callable[..., Any]:
+def phase_method(original: Callable[..., object], name: str, attributes: Attributes) -> Callable[..., object]:
     """``original`` (a method) inside a phase span ``name`` with ``attributes(self, args, kwargs)``; an exception
     ends the span with status ERROR and is raised unchanged, without the wrapper's frame (``tracebacks``)."""
 
     @functools.wraps(original)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: object, *args: object, **kwargs: object) -> object:
         try:
             token = begin(name, attributes(self, args, kwargs))
         except Exception as exc:
-            _dropped(exc)
+            dropped(exc)
             token = 0
         try:
             result = original(self, *args, **kwargs)
@@ -352,3 +339,76 @@ def phase_method(
 
     wrapper.__torchelastic_otel__ = True  # type: ignore[attr-defined]
     return wrapper
+
+
+# ---- hooking into a framework ----------------------------------------------------------------------------------------
+
+
+class Integration:
+    """A framework's integration: its modules patched once the script imports them (``_torch.imports``), and
+    whether it is installed -- a callback or logger of a trainer built before ``uninstall()`` then records
+    nothing."""
+
+    def __init__(self) -> None:
+        self.installed = False
+
+    def install(self, patches: Patches, hooks: dict[str, Callable[[object], None]]) -> None:
+        """Run ``hooks[name](module)`` once module ``name`` is imported (at once if it is); ``patches.restore()``
+        cancels the hooks that have not run and stops the integration."""
+        from torchelastic_otel._torch import imports
+
+        for name, hook in hooks.items():
+            imports.when_imported(name, hook)
+
+        def undo() -> None:
+            for name, hook in hooks.items():
+                imports.cancel(name, hook)
+            self.installed = False
+
+        patches.on_restore(undo)
+
+    def patch_trainer(
+        self,
+        patches: Patches,
+        cls: type,
+        owner: str,
+        attach: Callable[[object], None],
+        phases: tuple[tuple[str, str, Attributes], ...],
+    ) -> bool:
+        """Wrap a trainer class: its ``__init__`` to ``attach`` the bridge's callback or logger (:func:`wrap_init`),
+        and each method ``phases`` names (``(method, span name, attributes)``) in its phase span
+        (:func:`phase_method`; one the class does not define is counted as ``<owner>.<method>``). ``False``
+        (nothing done) where its ``__init__`` is wrapped already."""
+        init = cls.__dict__.get("__init__")
+        if init is None or getattr(init, "__torchelastic_otel__", False):
+            return False
+        self.installed = True
+        patches.set(cls, "__init__", wrap_init(init, attach))
+        for attribute, name, attributes in phases:
+            original = cls.__dict__.get(attribute)
+            if original is None:
+                _compat.fallback(f"{owner}.{attribute}", "not defined")
+                continue
+            patches.set(cls, attribute, phase_method(original, name, attributes))
+        return True
+
+
+def wrap_init(original: Callable[..., None], attach: Callable[[object], None]) -> Callable[..., None]:
+    """A trainer's ``__init__`` that runs ``original``, then ``attach(trainer)`` (the bridge's callback or logger;
+    a failure is counted, never raised); an exception of ``original`` is raised unchanged, without the wrapper's
+    frame (``tracebacks``)."""
+
+    @functools.wraps(original)
+    def __init__(self: object, *args: object, **kwargs: object) -> None:
+        try:
+            original(self, *args, **kwargs)
+        except BaseException as exc:
+            tracebacks.drop_own_frame(exc)
+            raise
+        try:
+            attach(self)
+        except Exception as exc:
+            dropped(exc)
+
+    __init__.__torchelastic_otel__ = True  # type: ignore[attr-defined]
+    return __init__

@@ -45,32 +45,18 @@ CONNECTOR = ".trainer.connectors.logger_connector.logger_connector"
 FRAMEWORK = "lightning"
 #: The attribute of a trainer that holds the bridge's logger (also where Lightning's loggers are off).
 LOGGER_ATTRIBUTE = "_torchelastic_otel_logger"
-_installed = [False]
+
+
+_state = instruments.Integration()
 
 
 def install(patches: Patches) -> None:
-    from torchelastic_otel._torch import imports
-
-    hooks = {name: _hook(patches, package) for name, package in MODULES.items()}
-    for name, hook in hooks.items():
-        imports.when_imported(name, hook)
-
-    def undo() -> None:
-        for name, hook in hooks.items():
-            imports.cancel(name, hook)
-        _installed[0] = False
-
-    patches.on_restore(undo)
+    _state.install(
+        patches, {name: functools.partial(_patch, patches, package=package) for name, package in MODULES.items()}
+    )
 
 
-def _hook(patches: Patches, package: str) -> Any:
-    def hook(module: Any) -> None:
-        _patch(patches, module, package)
-
-    return hook
-
-
-def _patch(patches: Patches, module: Any, package: str) -> None:
+def _patch(patches: Patches, module: object, package: str) -> None:
     import importlib
 
     cls: Any = getattr(module, "Trainer", None)
@@ -79,17 +65,10 @@ def _patch(patches: Patches, module: Any, package: str) -> None:
     if not all(isinstance(found, type) for found in (cls, logger_base, callback_base)):
         _compat.fallback(f"{package} Trainer / Logger / Callback", "not defined")
         return
-    init = cls.__dict__.get("__init__")
-    if init is None or getattr(init, "__torchelastic_otel__", False):
+    attach = functools.partial(_attach, _logger_class(logger_base), _callback_class(callback_base))
+    phases = (("fit", names.FRAMEWORK_TRAIN, _attributes), ("save_checkpoint", names.FRAMEWORK_SAVE, _attributes))
+    if not _state.patch_trainer(patches, cls, f"{package}.Trainer", attach, phases):
         return
-    _installed[0] = True
-    patches.set(cls, "__init__", _wrap_init(init, _logger_class(logger_base), _callback_class(callback_base)))
-    for attribute, name in (("fit", names.FRAMEWORK_TRAIN), ("save_checkpoint", names.FRAMEWORK_SAVE)):
-        original = cls.__dict__.get(attribute)
-        if original is None:
-            _compat.fallback(f"{package}.Trainer.{attribute}", "not defined")
-            continue
-        patches.set(cls, attribute, instruments.phase_method(original, name, _attributes))
     _patch_connector(patches, package)
 
 
@@ -107,7 +86,7 @@ def _patch_connector(patches: Patches, package: str) -> None:
         return
 
     @functools.wraps(original)
-    def log_metrics(self: Any, metrics: Any, step: Any = None) -> Any:
+    def log_metrics(self: object, metrics: Any, step: object = None) -> object:
         try:
             trainer: Any = getattr(self, "trainer", None)
             own = getattr(trainer, LOGGER_ATTRIBUTE, None)
@@ -115,7 +94,7 @@ def _patch_connector(patches: Patches, package: str) -> None:
                 scalars = {key: instruments.scalar(value) for key, value in metrics.items()}  # tensors: here
                 own.log_metrics(scalars, step)
         except Exception as exc:
-            instruments._dropped(exc)
+            instruments.dropped(exc)
         try:
             return original(self, metrics, step)
         except BaseException as exc:
@@ -126,39 +105,27 @@ def _patch_connector(patches: Patches, package: str) -> None:
     patches.set(cls, "log_metrics", log_metrics)
 
 
-def _stage(trainer: Any) -> str | None:
+def _stage(trainer: object) -> str | None:
     stage = getattr(getattr(trainer, "state", None), "stage", None)
     value = getattr(stage, "value", stage)
     return value if isinstance(value, str) else None
 
 
-def _attributes(trainer: Any, args: tuple = (), kwargs: dict | None = None) -> dict[str, Any]:
-    found: dict[str, Any] = {names.FRAMEWORK: FRAMEWORK}
+def _attributes(trainer: object, args: tuple = (), kwargs: dict | None = None) -> dict[str, object]:
+    found: dict[str, object] = {names.FRAMEWORK: FRAMEWORK}
     step = getattr(trainer, "global_step", None)
     if isinstance(step, int):
         found[names.FRAMEWORK_GLOBAL_STEP] = step
     return found
 
 
-def _wrap_init(original: Any, logger_class: type, callback_class: type) -> Any:
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            original(self, *args, **kwargs)
-        except BaseException as exc:
-            tracebacks.drop_own_frame(exc)
-            raise
-        try:
-            own = logger_class(self)
-            setattr(self, LOGGER_ATTRIBUTE, own)
-            if self.loggers:
-                self.loggers = [*self.loggers, own]
-            self.callbacks.append(callback_class())
-        except Exception as exc:
-            instruments._dropped(exc)
-
-    __init__.__torchelastic_otel__ = True  # type: ignore[attr-defined]
-    return __init__
+def _attach(logger_class: type, callback_class: type, trainer: Any) -> None:
+    """The bridge's logger (also where the trainer has none: ``LOGGER_ATTRIBUTE``) and callback on ``trainer``."""
+    own = logger_class(trainer)
+    setattr(trainer, LOGGER_ATTRIBUTE, own)
+    if trainer.loggers:
+        trainer.loggers = [*trainer.loggers, own]
+    trainer.callbacks.append(callback_class())
 
 
 def _logger_class(base: type) -> type:
@@ -167,7 +134,7 @@ def _logger_class(base: type) -> type:
     class TorchelasticOtelLogger(base):
         """Every scalar the trainer logs becomes a ``torchelastic.framework.<key>`` gauge value (all ranks)."""
 
-        def __init__(self, trainer: Any) -> None:
+        def __init__(self, trainer: object) -> None:
             super().__init__()
             self._trainer = trainer
 
@@ -180,14 +147,15 @@ def _logger_class(base: type) -> type:
             return "0"
 
         def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-            if _installed[0] and metrics:
+            if _state.installed and metrics:
                 # the trainer's global_step (optimizer steps), as HF's: Lightning hands its loggers the batches
                 # that stepped before this one instead (one less at a training log)
                 global_step = getattr(self._trainer, "global_step", None)
-                instruments.record(FRAMEWORK, metrics, global_step if isinstance(global_step, int) else step,
-                                   _stage(self._trainer))  # fmt: skip
+                instruments.record(
+                    FRAMEWORK, metrics, global_step if isinstance(global_step, int) else step, _stage(self._trainer)
+                )
 
-        def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
+        def log_hyperparams(self, *args: object, **kwargs: object) -> None:
             pass
 
     return TorchelasticOtelLogger
@@ -201,8 +169,8 @@ def _callback_class(base: type) -> type:
             super().__init__()
             self._tokens: list[int] = []
 
-        def _begin(self, trainer: Any) -> None:
-            if _installed[0]:
+        def _begin(self, trainer: object) -> None:
+            if _state.installed:
                 attributes = _attributes(trainer)
                 attributes[names.FRAMEWORK_STAGE] = _stage(trainer) or "validate"
                 self._tokens.append(instruments.begin(names.FRAMEWORK_EVALUATE, attributes))
@@ -211,19 +179,19 @@ def _callback_class(base: type) -> type:
             if self._tokens:
                 instruments.end(self._tokens.pop(), error)
 
-        def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        def on_validation_start(self, trainer: object, pl_module: object) -> None:
             self._begin(trainer)
 
-        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        def on_validation_end(self, trainer: object, pl_module: object) -> None:
             self._end()
 
-        def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        def on_test_start(self, trainer: object, pl_module: object) -> None:
             self._begin(trainer)
 
-        def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        def on_test_end(self, trainer: object, pl_module: object) -> None:
             self._end()
 
-        def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        def on_exception(self, trainer: object, pl_module: object, exception: BaseException) -> None:
             while self._tokens:
                 self._end(exception)
 
