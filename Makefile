@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 TORCH_VERSION := 2.13.0
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: venv bytecode demo lint test test-fast test-compat test-gpu bench clean stack-deps browser-deps
+.PHONY: venv bytecode demo lint test test-fast test-compat test-gpu bench clean stack-deps browser-deps tmux-deps
 .PHONY: docs
 
 venv: $(STAMP)
@@ -38,7 +38,7 @@ demo: bytecode
 # under one of the two and not the other.
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
-test: bytecode lint docs stack-deps browser-deps
+test: bytecode lint docs stack-deps browser-deps tmux-deps
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not solo" --hypothesis-profile=full
 	$(PY) -m pytest -q -m solo --hypothesis-profile=full
 
@@ -69,6 +69,13 @@ browser-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	fi
 
+# What tests/jobs/test_follow.py runs `torchelastic-otel report --follow` in: a real terminal, Debian's tmux (installed
+# when root and missing; elsewhere that test skips, saying why). Idempotent.
+tmux-deps:
+	@if ! command -v tmux >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; \
+	fi
+
 # What tests/stack/test_stack_*.py run for real: Debian's prometheus (prometheus + promtool; installed when root and
 # missing) and rotel, an OTLP collector shipped as a wheel (pre-releases only). Idempotent.
 stack-deps: venv
@@ -90,6 +97,7 @@ GPU_PYTHON ?= python3
 GPU_SITE   ?= /tmp/torchelastic-otel-site
 test-gpu:
 	$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) .whl/*.whl
+	$(GPU_PYTHON) -m compileall -q $(GPU_SITE)  # as pip does: else every bridged process compiles what it imports
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) PATH=$(GPU_SITE)/bin:$$PATH $(GPU_PYTHON) -m pytest -q -s -m gpu tests/gpu \
 		-p no:cacheprovider
 	PYTHONPATH=$(GPU_SITE):$(CURDIR) PATH=$(GPU_SITE)/bin:$$PATH $(GPU_PYTHON) bench/bench_gpu.py

@@ -14,16 +14,16 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from torchelastic_otel._run_id import renew_if_stale, settle_run_id
+from torchelastic_otel._run_id import RunIdKept, install_for_run, settle_run_id
 from torchelastic_otel._torch import tracebacks
 
 __all__ = ["main"]
 
 
 def _early_run_id(argv: list[str]) -> tuple[str | None, str | None]:
-    """The run id as the arguments alone tell it, before torch (1-2 s to import) is: ``--rdzv-id`` as given, or a
-    fresh uuid for ``--standalone`` (which :func:`settle_run_id` then uses); ``(None, None)`` where only torch's
-    parser can tell. Returns ``(run id, the standalone uuid)``."""
+    """The run id as the arguments alone tell it, before torch is imported (most of the start-up): ``--rdzv-id`` as
+    given, or a fresh uuid for ``--standalone`` (which :func:`settle_run_id` then uses); ``(None, None)`` where only
+    torch's parser can tell. Returns ``(run id, the standalone uuid)``."""
     standalone, run_id = None, None
     for i, arg in enumerate(argv):
         if arg in ("--", "-m", "--module", "--no-python", "--no_python") or arg.endswith(".py"):
@@ -37,7 +37,7 @@ def _early_run_id(argv: list[str]) -> tuple[str | None, str | None]:
     return (standalone or run_id), standalone
 
 
-#: How long the agent waits for its pipeline before it imports torch (the build takes ~0.2 s; a build still going
+#: How long the agent waits for its pipeline before it imports torch (a build takes a fraction of it; one still going
 #: on after that goes on in its thread, and the records before it are kept for it).
 EARLY_BUILD_WAIT_SECONDS = 2.0
 
@@ -49,8 +49,8 @@ def _build_early(run_id: str | None) -> None:
 
     Built in a thread of its own (a build that hangs holds the agent at most ``EARLY_BUILD_WAIT_SECONDS``) that the
     main thread waits for, not beside ``import torch``: both are CPU-bound Python under one GIL, and side by side
-    they cost more than one after the other -- 0.40 s more than plain torchrun's start-up, against 0.20 s (and as
-    much CPU again in lock hand-overs; medians of 8, measured on a 2-core machine)."""
+    they cost more than one after the other, and as much CPU again in lock hand-overs (docs/performance.md, "Costs
+    that shape the code")."""
     if not run_id or run_id == "none" or os.environ.get("TORCHELASTIC_RUN_ID"):
         return
     os.environ["TORCHELASTIC_RUN_ID"] = run_id
@@ -65,58 +65,110 @@ def main(argv: list[str] | None = None) -> None:
     which its ``main`` calls, is the bridge's meanwhile: :func:`_bridged`). What the launch raises is raised without
     this launcher's frames (``_torch.tracebacks``): a failed job's traceback is the one torchrun prints."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    # The agent's resource reads the run id from the environment when the pipeline is built; a launcher called
-    # in-process (in place of torch.distributed.run.main) then gets its environment back as it was.
-    previous = os.environ.get("TORCHELASTIC_RUN_ID")
-    try:
-        if argv and argv[0] == "report":  # `torchelastic-otel report PATH...`: render OTLP JSON Lines files
-            from torchelastic_otel.report import main as report
-
-            sys.exit(report(argv[1:]))
-        if argv and argv[0] == "accelerate":  # `torchelastic-otel accelerate launch ...`: docs/accelerate.md
-            from torchelastic_otel.accelerate import main as accelerate
-
-            return accelerate(argv[1:])
-        if argv and argv[0] == "run":  # `torchelastic-otel run ...`
-            argv = argv[1:]
-        early_id, standalone_id = _early_run_id(argv)
-        _build_early(early_id)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        sys.exit(0 if argv else 2)
+    if argv[0] in ("--version", "-V", "version"):
+        print(version_text())
+        sys.exit(0)
+    if argv[0] == "run" and _asks_for_help(argv[1:]):
         from torch.distributed import run as torchrun
 
-        original = torchrun.run
-        torchrun.run = _bridged(original, standalone_id)
-        try:
-            torchrun.main(argv)  # torch's own: `@record`, parse_args(argv), run(args)
-        finally:
-            torchrun.run = original
+        torchrun.get_args_parser().print_help()
+        print(RUN_HELP_NOTE)
+        sys.exit(0)
+    # The agent's resource reads the run id from the environment when the pipeline is built; a launcher called
+    # in-process (in place of torch.distributed.run.main) then gets its environment back as it was.
+    try:
+        with RunIdKept():
+            if argv and argv[0] == "report":  # `torchelastic-otel report PATH...`: render OTLP JSON Lines files
+                from torchelastic_otel.report import main as report
+
+                sys.exit(report(argv[1:]))
+            if argv and argv[0] == "accelerate":  # `torchelastic-otel accelerate launch ...`: docs/accelerate.md
+                from torchelastic_otel.accelerate import main as accelerate
+
+                return accelerate(argv[1:])
+            if argv and argv[0] == "run":  # `torchelastic-otel run ...`
+                argv = argv[1:]
+            early_id, standalone_id = _early_run_id(argv)
+            _build_early(early_id)
+            from torch.distributed import run as torchrun
+
+            original = torchrun.run
+            torchrun.run = _bridged(original, standalone_id)
+            try:
+                torchrun.main(argv)  # torch's own: `@record`, parse_args(argv), run(args)
+            finally:
+                torchrun.run = original
     except BaseException as exc:
         tracebacks.drop_own_frame(exc)
         raise
-    finally:
-        if previous is None:
-            os.environ.pop("TORCHELASTIC_RUN_ID", None)
-        else:
-            os.environ["TORCHELASTIC_RUN_ID"] = previous
 
 
-def _renew_if_stale(run_id: str | None) -> None:
-    """The pipeline rebuilt where built for another run id (:func:`torchelastic_otel._run_id.renew_if_stale`)."""
-    renew_if_stale(run_id, EARLY_BUILD_WAIT_SECONDS)
+USAGE = """usage: torchelastic-otel <command> [arguments]
+
+OpenTelemetry for PyTorch elastic (torchrun) jobs: a job's rendezvous rounds, worker starts, failures and restarts
+as a trace, its metrics as OpenTelemetry instruments, every event and log line as a log record.
+
+commands:
+  run         torchrun with the bridge (takes torchrun's arguments: torchelastic-otel run --help)
+  report      render a job's OTLP JSON Lines files: terminal, HTML, --json, --follow (torchelastic-otel report --help)
+  accelerate  accelerate launch with the bridge (torchelastic-otel accelerate launch --help)
+
+options:
+  -h, --help  show this help
+  --version   the versions of the bridge, torch and OpenTelemetry
+
+torchelastic-otel [torchrun's arguments] is torchelastic-otel run [torchrun's arguments].
+Configuration: OpenTelemetry's OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER, ...) or
+OTEL_CONFIG_FILE, and the bridge's own TORCHELASTIC_OTEL_* (docs/configuration.md)."""
+
+RUN_HELP_NOTE = """
+torchelastic-otel run takes torchrun's arguments, above, and bridges the agent and every worker. Where the telemetry
+goes is OpenTelemetry's configuration: OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_{TRACES,METRICS,LOGS}_EXPORTER
+(otlp, console, prometheus, otlp_json_file), OTEL_CONFIG_FILE; the bridge's own settings are TORCHELASTIC_OTEL_*
+(docs/configuration.md)."""
+
+#: The distributions ``--version`` names (without importing any of them: torch takes seconds to import).
+VERSIONED = ("torchelastic-otel", "torch", "opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp")
 
 
-def _bridged(original: Callable[[Any], Any], standalone_id: str | None) -> Callable[[Any], Any]:
+def version_text() -> str:
+    """``torchelastic-otel 0.1.0`` and, one a line, the versions of torch and OpenTelemetry installed beside it."""
+    from importlib import metadata
+
+    from torchelastic_otel.version import __version__
+
+    lines = [f"torchelastic-otel {__version__}"]
+    for name in VERSIONED[1:]:
+        try:
+            found = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found = "not installed"
+        lines.append(f"  {name} {found}")
+    lines.append(f"  python {sys.version.split()[0]}")
+    return "\n".join(lines)
+
+
+def _asks_for_help(argv: list[str]) -> bool:
+    """``-h`` / ``--help`` among torchrun's own arguments (before the script, whose arguments are its own)."""
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            return True
+        if arg in ("--", "-m", "--module", "--no-python", "--no_python") or arg.endswith(".py"):
+            return False
+    return False
+
+
+def _bridged(original: Callable[[object], object], standalone_id: str | None) -> Callable[[object], object]:
     """torch's ``run(args)``, the run id settled and the bridge installed first (torch's arguments parsed: the run
     id is theirs)."""
 
     @functools.wraps(original)
-    def run(args: Any) -> Any:
+    def run(args: Any) -> object:
         settle_run_id(args, standalone_id)
-        if args.rdzv_id and args.rdzv_id != "none":
-            os.environ["TORCHELASTIC_RUN_ID"] = args.rdzv_id
-        _renew_if_stale(os.environ.get("TORCHELASTIC_RUN_ID"))
-        from torchelastic_otel._install import install
-
-        install()
+        install_for_run(args.rdzv_id, EARLY_BUILD_WAIT_SECONDS)
         try:
             return original(args)
         except BaseException as exc:

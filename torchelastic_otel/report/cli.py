@@ -5,6 +5,9 @@ Its last line is ``report: <path of the HTML file>``. With ``--json`` it prints 
 and writes the HTML file only when ``--html`` names one. Bad input never ends in a traceback: a path that does not
 exist or holds no OTLP is a one-line error (exit status 2); lines that cannot be read are skipped and counted in
 the report itself.
+
+With ``--follow`` it first shows the run live, redrawn every ``--interval`` seconds as its files grow (``follow``),
+until the run ends or Ctrl-C; then it prints the report of the files as without it, with the same exit status.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from torchelastic_otel.report import html, model, terminal, training
+from torchelastic_otel.report import follow, html, model, terminal, training
 from torchelastic_otel.report.otlpjson import ReportError, read
 from torchelastic_otel.report.records import Telemetry
 
@@ -47,11 +50,47 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--width", type=int, default=0, help="columns of the terminal report (default: the terminal's)")
     p.add_argument("--quiet", action="store_true", help="print only the last line (where the HTML report is)")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="show the run live as its files grow (as tail -F reads them: new files, rotated and truncated ones), "
+        "redrawn in place every --interval seconds, until the run ends or Ctrl-C; then the report as without it "
+        "(with --json, the live view goes to stderr)",
+    )
+    p.add_argument(
+        "--interval",
+        type=_seconds,
+        default=follow.DEFAULT_INTERVAL,
+        metavar="SECONDS",
+        help=f"with --follow: seconds between two reads and redraws (default: {follow.DEFAULT_INTERVAL:g})",
+    )
     return p
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.05 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds between 0.05 and 3600")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.follow:
+        screen = sys.stderr if args.json else sys.stdout
+        try:
+            return follow.follow(args.paths, lambda: _report(args), args.interval, screen, args.width)
+        except KeyboardInterrupt:  # a second Ctrl-C, while the report of the files is made
+            print("torchelastic-otel report: interrupted", file=sys.stderr)
+            return 130
+    return _report(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    """The report of the files at ``args.paths``, as the command prints it."""
     try:
         tel = read(args.paths)
     except ReportError as exc:
@@ -71,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
 @contextlib.contextmanager
 def _no_cyclic_gc() -> Iterator[None]:
     """No cyclic garbage collection while the report is built and rendered (as while it is read): the model and
-    the views make millions of objects in no cycle (per-rank lists, runs, rows), and each collection walked them
-    all again, 13 of 25 s of a 1,000-node run's model and summary. The records are frozen first (they live as long
-    as the command); what the views leave is freed by reference counting, and collecting resumes after."""
+    the views make millions of objects in no cycle (per-rank lists, runs, rows), and each collection would walk
+    them all again: on a large run, most of the time the model and the summary take. The records are frozen first
+    (they live as long as the command); what the views leave is freed by reference counting, and collecting resumes
+    after."""
     collecting = gc.isenabled()
     gc.freeze()
     gc.disable()
