@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import signal
 import subprocess
@@ -114,6 +115,63 @@ def test_a_rotated_file_is_read_to_its_end_and_the_new_one_from_its_start(
     assert reading.tail.stats.rotated == (0 if named else 1)
 
 
+def test_a_file_renamed_between_the_listing_and_its_look_is_read_once(lines: list[str], tmp_path: Path) -> None:
+    """A rotation that lands between the directory's listing and the look at each path leaves the rotated file out
+    of one poll: it is found again by its identity under its new name, read on from where it was (its partial last
+    line completed), not taken as gone (its partial line counted as cut short) and read again from its start. Here
+    the file is moved out of the directory for one poll, then back under its rotated name."""
+    directory, aside = tmp_path / "otelcol", tmp_path / "aside"
+    directory.mkdir()
+    aside.mkdir()
+    current = directory / "otelcol.json"
+    reading = Reading(directory)
+    half = len(lines) // 2
+    cut = len(lines[half]) // 2
+    append(current, "".join(lines[:half]) + lines[half][:cut])  # the writer is in the middle of a line
+    assert reading.poll() == half
+    current.rename(aside / "otelcol.json")
+    assert reading.poll() == 0  # out of sight for one poll
+    (aside / "otelcol.json").rename(directory / "otelcol-2026-01-05T10-00-00.000.json")
+    append(directory / "otelcol-2026-01-05T10-00-00.000.json", lines[half][cut:] + "".join(lines[half + 1 :]))
+    assert reading.poll() == len(lines) - half
+    assert records(reading.telemetry) == records(otlpjson.read([directory]))
+    assert not reading.telemetry.problems
+    assert reading.tail.stats.rotated == 1
+
+
+def test_a_file_gone_for_good_is_let_go_with_its_partial_line_counted(lines: list[str], tmp_path: Path) -> None:
+    """A file deleted from a followed directory is let go after ``MISSING_POLLS`` polls without it; its last line, cut
+    short, is counted as ``report`` counts one."""
+    current = tmp_path / "otelcol.json"
+    reading = Reading(tmp_path)
+    append(current, lines[0] + lines[1][:20])
+    assert reading.poll() == 1
+    current.unlink()
+    polled = [reading.poll() for _ in range(follow.MISSING_POLLS)]
+    assert polled[-1] == 1 and sum(polled) == 1, polled
+    assert not reading.tail.files
+    assert reading.telemetry.problems.counts, "the cut-short line is counted"
+
+
+def test_a_file_deleted_before_it_was_read_is_counted(lines: list[str], tmp_path: Path) -> None:
+    """A follower that falls behind a rotating writer may find a file deleted before it read it (the writer keeps
+    a few rotated files): what it saw of the file and never read is counted, not lost silently. Here the second
+    file of a poll is deleted while the poll reads the first."""
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    append(first, "".join(lines[:10]))
+    append(second, "".join(lines[10:20]))
+    reading = Reading(tmp_path)
+    polling = reading.tail.poll()
+    next(polling)  # the first chunk of a.jsonl: b.jsonl was looked at, not read yet
+    second.unlink()
+    for _ in polling:
+        pass
+    for _ in range(follow.MISSING_POLLS):
+        reading.poll()
+    assert reading.telemetry.problems.counts == {"unread_file_end": 1}
+    assert f"{len(''.join(lines[10:20]).encode()):,} bytes gone" in reading.telemetry.problems.examples[0]
+
+
 def test_a_truncated_file_is_read_again_from_its_start(lines: list[str], tmp_path: Path) -> None:
     path = tmp_path / "otelcol.json"
     reading = Reading(tmp_path)
@@ -199,7 +257,7 @@ def test_what_is_not_otlp_is_counted_as_report_counts_it(lines: list[str], tmp_p
         reading.telemetry.problems.counts
     )
     gone.unlink()  # its cut line, never completed, is counted as report counts a cut line
-    assert reading.poll() == 1
+    assert sum(reading.poll() for _ in range(follow.MISSING_POLLS)) == 1
     assert reading.telemetry.problems.counts == expected.problems.counts
 
 
@@ -344,17 +402,21 @@ def test_ctrl_c_ends_the_view_with_the_report_of_the_files(lines: list[str], tmp
     (tmp_path / "workers.jsonl").write_text(workers)
     command = [sys.executable, "-m", "torchelastic_otel.report", str(tmp_path), "--width", "100", "--html", "a.html"]
     plain = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False)
-    follower = subprocess.Popen([*command, "--follow", "--interval", "0.1"], cwd=tmp_path, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    # SIGINT as a terminal's Ctrl-C finds it: where the tests run in the background it is ignored, and inherited so
+    follower = subprocess.Popen([*command, "--follow", "--interval", "0.1"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
-        first = follower.stdout.readline() if follower.stdout else ""
-        assert first.startswith("==== ") or first == "\n", first
+        assert follower.stdout is not None
+        first = os.read(follower.stdout.fileno(), 1 << 16)  # the first frame, unbuffered: communicate reads on
+        assert first.startswith(b"\n==== "), first
         follower.send_signal(signal.SIGINT)
-        out, err = follower.communicate(timeout=60)
+        rest, err = follower.communicate(timeout=60)
     finally:
         if follower.poll() is None:
             follower.kill()
             follower.wait()
+    out = (first + rest).decode()
     assert follower.returncode == plain.returncode == 0, err
     assert out.partition(": the report of the files ====\n")[2] == plain.stdout
 

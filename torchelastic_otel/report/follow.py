@@ -74,6 +74,10 @@ __all__ = [
 DEFAULT_INTERVAL = 2.0
 #: bytes of one file read at a time (a file far ahead is read in several, each line handed on as it comes)
 CHUNK = 4 << 20
+#: polls in a row a file of a followed directory must be missing from it to be taken as gone: a file renamed
+#: between the directory's listing and the look at each path is missing from one poll, and found again, by its
+#: identity, under its new name at the next
+MISSING_POLLS = 2
 #: after the run has ended, how long the files may go on growing before the follower ends anyway (seconds)
 END_GRACE = 10.0
 #: the share of the time the view may take to rebuild: a large run's rebuild takes longer than the interval, and
@@ -85,6 +89,8 @@ CATCH_UP = 4
 #: the characters of a file's beginning that tell a binary file, as ``report`` looks at them
 _HEAD_CHARS = 256
 _HEAD_BYTES = 4 * _HEAD_CHARS + 4  # bytes enough for that many whole characters
+#: the bytes before where a file was read that must be there still for a file found under a new name to be the same
+_TAIL_BYTES = 256
 
 #: spans kept whole: a few per attempt
 LIFECYCLE = frozenset(
@@ -165,9 +171,12 @@ class _File:
     checked: bool = False  # its beginning was looked at: binary or not
     binary: bool = False
     fd: int | None = None
-    head: bytes = b""  # its first bytes, as first read: another file under a reused inode begins otherwise
+    head: bytes = b""  # its first bytes, as first read: another file under a reused inode begins otherwise ...
+    tail: bytes = b""  # ... or holds other bytes just before ``offset`` (files of one writer often begin alike)
     size: int = -1  # a ``.gz`` file's size at the last look: read whole once it holds still
     done: bool = False  # a ``.gz`` file read
+    missing: int = 0  # polls in a row that did not find it: gone once ``MISSING_POLLS`` is reached
+    seen: int = 0  # its size at the last look: what was not read of it when it goes is counted
 
 
 @dataclass
@@ -222,39 +231,48 @@ class Tail:
                 present[ident] = (present[ident][0], stat.st_size, True)
         self.stats.waiting = waiting
         for ident in [i for i in self.files if i not in present]:  # renamed out of sight, replaced or deleted
+            gone = self.files[ident]
+            gone.missing += 1
+            if gone.fd is None and gone.missing < MISSING_POLLS:
+                continue  # renamed between the listing and its look: found again under its new name next time
             self._unreadable.discard(ident)
             yield from self._finish(self.files.pop(ident))
         for ident, (path, size, named) in present.items():
             found = self.files.get(ident)
             if found is not None and found.path != path:
-                if self._begins(path, found.head):  # the same file, renamed (rotated)
+                if size >= found.offset and self._holds(path, found):  # the same file, renamed (rotated)
                     found.path = path
                     self.stats.rotated += 1
-                else:  # a new file that got the inode of one deleted since the last poll
+                else:  # a new file that got the inode of one deleted since (shorter, or beginning otherwise)
                     yield from self._finish(self.files.pop(ident))
                     found = None
             if found is None:
                 found = self.files[ident] = _File(path, named)
+            found.missing, found.seen = 0, size
             found.named = found.named or named
             yield from self._read(ident, found, size)
 
     @staticmethod
-    def _same_head(fd: int, head: bytes) -> bool:
+    def _same(fd: int, found: _File) -> bool:
+        """Whether the file open as ``fd`` holds what was read of ``found``: its first bytes, and its last bytes
+        before ``offset``."""
         try:
-            return not head or os.pread(fd, len(head), 0) == head
-        except OSError:
-            return True
-
-    @staticmethod
-    def _begins(path: str, head: bytes) -> bool:
-        """Whether the file at ``path`` begins with ``head``."""
-        if not head:
-            return True
-        try:
-            with open(path, "rb") as fh:
-                return fh.read(len(head)) == head
+            return os.pread(fd, len(found.head), 0) == found.head and (
+                os.pread(fd, len(found.tail), found.offset - len(found.tail)) == found.tail
+            )
         except OSError:
             return False
+
+    def _holds(self, path: str, found: _File) -> bool:
+        """Whether the file at ``path`` is ``found``, renamed."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            return self._same(fd, found)
+        finally:
+            os.close(fd)
 
     def _paths(self, waiting: list[str]) -> Iterator[tuple[str, bool]]:
         """Every file to follow now: (path, named on the command line)."""
@@ -277,7 +295,7 @@ class Tail:
             return
         if size < found.offset:  # truncated: from its start again
             self.stats.truncated += 1
-            found.offset, found.partial, found.lines, found.checked = 0, b"", 0, False
+            found.offset, found.partial, found.tail, found.lines, found.checked = 0, b"", b"", 0, False
         if found.path.endswith(".gz"):
             yield from self._read_gz(found, size)
             return
@@ -285,9 +303,9 @@ class Tail:
         if fd is None:
             return
         try:
-            if found.offset and size > found.offset and not self._same_head(fd, found.head):
+            if found.offset and size > found.offset and not self._same(fd, found):
                 self.stats.truncated += 1  # truncated and written again beyond where it was read: from its start
-                found.offset, found.partial, found.lines, found.checked = 0, b"", 0, False
+                found.offset, found.partial, found.tail, found.lines, found.checked = 0, b"", b"", 0, False
             yield from self._read_to(found, fd, size)
         finally:
             if not found.named:
@@ -304,6 +322,7 @@ class Tail:
                 return
             if found.offset == 0:
                 found.head = data[:_HEAD_BYTES]
+            found.tail = data[-_TAIL_BYTES:] if len(data) >= _TAIL_BYTES else (found.tail + data)[-_TAIL_BYTES:]
             found.offset += len(data)
             self.stats.bytes += len(data)
             lines = self._lines(found, data)
@@ -316,6 +335,8 @@ class Tail:
             return found.fd
         try:
             fd = os.open(found.path, os.O_RDONLY)
+        except FileNotFoundError:  # renamed or deleted since it was looked at: the next poll tells which
+            return None
         except OSError as exc:
             if ident not in self._unreadable:  # counted once, tried again at every poll
                 self._unreadable.add(ident)
@@ -335,6 +356,13 @@ class Tail:
         try:
             if found.fd is not None and not found.binary:
                 yield from self._read_to(found, found.fd, os.fstat(found.fd).st_size)
+            elif found.seen > found.offset and not (found.binary or found.path.endswith(".gz")):
+                self.problems.add(
+                    "unread_file_end",
+                    found.path,
+                    f"{found.seen - found.offset:,} bytes gone before they were read (deleted or replaced while the "
+                    "follower was behind)",
+                )
             if found.partial and not found.binary:
                 found.lines += 1
                 yield [(f"{found.path}:{found.lines}", found.partial.decode("utf-8", "replace"))]
@@ -656,6 +684,7 @@ class _Screen:
                 self._started = True
             self.out.write(text)
         elif body != self._last:
+            self._last = body  # first: a Ctrl-C that lands in the write still finds a frame to close
             self.out.write(f"\n==== {_clock()} ====\n" + "\n".join(head + body) + "\n")
         self._last = body
         self.out.flush()
