@@ -151,8 +151,8 @@ SETUP_DELAY = _setting(
     _millis,
     "How long a worker of a bridged agent waits before it builds its exporters (some 0.15 s of CPU, which would "
     "slow the script's own imports; once the delay is over, the build still waits while the worker's main thread "
-    "is importing and 2 s after, at most 30 s in all). A span, a metric value or more than 256 buffered events and log records "
-    "start the build at once; a worker that ends or is stopped sooner builds nothing: its agent sends its "
+    "is importing and 2 s after, at most 30 s in all). A span, a metric value or more than 256 buffered events and "
+    "log records start the build at once; a worker that ends or is stopped sooner builds nothing: its agent sends its "
     "`torchelastic.worker.start` span, its final records and what it logged meanwhile. `0`: build at start-up.",
 )
 FORK_WAIT = _setting(

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 def _report(args: argparse.Namespace) -> int:
     """The report of the files at ``args.paths``, as the command prints it."""
     try:
-        tel = read(args.paths)
+        tel = read(args.paths, summary=args.json and not args.html)  # --json alone: what the summary reads
     except ReportError as exc:
         print(f"torchelastic-otel report: {exc}", file=sys.stderr)
         return 2

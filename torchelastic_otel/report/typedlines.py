@@ -128,6 +128,10 @@ _DECODE_ANY = msgspec.json.Decoder().decode
 #: distinct attribute lists (or resources) remembered by their text; past this many, new ones are converted each
 #: time (a run whose every record has its own attributes would otherwise keep each one's text twice)
 MAX_REMEMBERED = 1 << 18
+#: read for the summary (``TypedLines(short_texts=True)``), attribute lists longer than this (bytes) are not
+#: remembered: those are a record's own (a rank's status with its metadata, an exception with its traceback), seldom
+#: seen twice, and their texts would take more memory than the records the summary keeps
+MAX_REMEMBERED_TEXT = 512
 
 
 #: top-level key -> the ``Line`` field
@@ -147,8 +151,10 @@ class TypedLines:
     """The fast path of one ``otlpjson.Reader``: converts a line's items as its general path does, into the same
     ``Sink``, or nothing."""
 
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Sink, short_texts: bool = False) -> None:
         self._sink = sink
+        #: the longest attribute list remembered (``MAX_REMEMBERED_TEXT`` with ``short_texts``)
+        self._max_text = MAX_REMEMBERED_TEXT if short_texts else 1 << 62
         self._attrs: dict[bytes, Attrs] = {}
         self._procs: dict[bytes, Proc] = {}
 
@@ -165,11 +171,14 @@ class TypedLines:
             raise Bail from exc
         tel = self._sink.telemetry
         sizes = (len(tel.spans), len(tel.logs), len(tel.points))
+        self._sink.tentative()
         try:
             self._convert(line, pinned, pinned_key)
         except Exception as exc:  # whatever the general path would count or reject, it does
             del tel.spans[sizes[0] :], tel.logs[sizes[1] :], tel.points[sizes[2] :]
+            self._sink.roll_back()
             raise Bail from exc
+        self._sink.commit()
         return line
 
     def first_resource(self, line: Line, key: str) -> tuple[str, Proc]:
@@ -222,7 +231,7 @@ class TypedLines:
         attrs = self._attrs.get(key)
         if attrs is None:
             attrs = self._sink.shared(general.attributes(_DECODE_ANY(key)))
-            if len(self._attrs) < MAX_REMEMBERED:
+            if len(self._attrs) < MAX_REMEMBERED and len(key) <= self._max_text:
                 self._attrs[key] = attrs
         return attrs
 
