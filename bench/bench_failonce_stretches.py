@@ -58,7 +58,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.support.jobs import job_env  # noqa: E402
+from tests.support.env import otlp_env  # noqa: E402
 from tests.support.otlp_receiver import OtlpReceiver  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
 from tests.support.procs import stop_tree  # noqa: E402
@@ -185,7 +185,7 @@ def run_job(kind: str, env: dict[str, str], log: Path, records: bool) -> tuple[f
 
 def envs(rx: OtlpReceiver, variants: list[str]) -> dict[str, dict[str, str]]:
     """Each kind's environment; a variant ``NAME:VAR=VALUE,...`` is ``live`` with those variables."""
-    live = job_env(rx, LOGLEVEL="INFO")
+    live = otlp_env(rx, LOGLEVEL="INFO")
     plain = {k: v for k, v in live.items() if not k.startswith("OTEL_")}
     down = dict(live, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}")
     out = {"plain": plain, "live": live, "down": down}

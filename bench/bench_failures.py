@@ -36,7 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.support.jobs import FAILURE_REPORTED, SIGTERM_SENT, agent_log_seconds, job_env  # noqa: E402
+from tests.support.env import otlp_env  # noqa: E402
+from tests.support.jobs import FAILURE_REPORTED, SIGTERM_SENT, agent_log_seconds  # noqa: E402
 from tests.support.otlp_receiver import OtlpReceiver  # noqa: E402
 from tests.support.procs import stop_tree  # noqa: E402
 from tests.support.silent_collector import SilentCollector  # noqa: E402
@@ -65,7 +66,7 @@ def paired_differences(kind: list[float], plain: list[float]) -> tuple[float, fl
 
 
 def run_job(kind: str, rx: OtlpReceiver, silent: SilentCollector, log: Path) -> tuple[float, int | None, str]:
-    env = job_env(rx)
+    env = otlp_env(rx)
     if kind == "plain":
         env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
     elif kind == "down":

@@ -11,7 +11,6 @@ root cause carries the allocator's figures. Every figure is printed beside its t
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT
+from tests.support.env import FILE_EXPORTERS, clean_env
 
 WORKER = ROOT / "tests" / "support" / "workers" / "gpu_worker.py"
 TOLERANCE = 0.25
@@ -47,12 +47,9 @@ def run_job(name: str, env_extra: dict[str, str], directory: Path, *, bridged: b
     files, truth = directory / f"{name}-files", directory / f"{name}-truth"
     files.mkdir(parents=True, exist_ok=True)
     truth.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
-    env.update(env_extra, GPU_OUT=str(truth), PYTHONUNBUFFERED="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env = clean_env(**env_extra, GPU_OUT=str(truth))
     if bridged:
-        env.update(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="otlp_json_file",
-                   OTEL_LOGS_EXPORTER="otlp_json_file", OTEL_METRIC_EXPORT_INTERVAL="1000",
-                   TORCHELASTIC_OTEL_FILE_DIR=str(files))  # fmt: skip
+        env.update(FILE_EXPORTERS, OTEL_METRIC_EXPORT_INTERVAL="1000", TORCHELASTIC_OTEL_FILE_DIR=str(files))
         command = [launcher("torchelastic-otel"), "run"]
     else:
         command = [launcher("torchrun")]

@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 
-from tests.support import WORKERS, stack
+from tests.support import WORKERS
+from tests.support.env import clean_env, files_env
 from tests.support.jobs import BIN, OTEL_INSTRUMENT, failure_report, report_run
 from tests.support.procs import run_job
 from tests.support.waiting import wait_for
@@ -98,13 +99,11 @@ def _launch(route: str, base: Path, max_restarts: int = 1) -> dict[str, Any]:
     """Run the job under ``route`` (``plain`` or one of ``ROUTES``); its exit code, output, leftovers and files."""
     base.mkdir(parents=True)
     token = uuid.uuid4().hex
-    env = stack.clean_env(OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", HF_HOME=str(base / "hf-home"),
-                          ACCEL_FAIL_RANK="1", ACCEL_FAIL_MARKER=str(base / "failed-once"),
-                          ACCEL_ENV_CHECK=str(base / "env-changed.json"), ACCEL_TEST_TOKEN=token)  # fmt: skip
-    if route != "plain":
-        env.update(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="otlp_json_file",
-                   OTEL_LOGS_EXPORTER="otlp_json_file", TORCHELASTIC_OTEL_FILE_DIR=str(base / "files"),
-                   OTEL_METRIC_EXPORT_INTERVAL="1000", OTEL_SERVICE_NAME="accelerate-test")  # fmt: skip
+    job_settings = dict(OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", HF_HOME=str(base / "hf-home"),
+                        ACCEL_FAIL_RANK="1", ACCEL_FAIL_MARKER=str(base / "failed-once"),
+                        ACCEL_ENV_CHECK=str(base / "env-changed.json"), ACCEL_TEST_TOKEN=token)  # fmt: skip
+    env = (clean_env(**job_settings) if route == "plain"
+           else files_env(base / "files", OTEL_SERVICE_NAME="accelerate-test", **job_settings))  # fmt: skip
     args = ["launch", "--multi_gpu", "--num_processes", str(RANKS), "--num_machines", "1", "--mixed_precision", "no",
             "--dynamo_backend", "no", "--max_restarts", str(max_restarts), "--monitor_interval", "0.1",
             "--main_process_port", "<held>", str(WORKER)]  # fmt: skip

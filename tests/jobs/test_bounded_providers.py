@@ -5,12 +5,11 @@ wrapped. (The SDK's own calls wait for the OTLP exporter's retries: ~5-10 s each
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 
 from tests.support import ROOT
+from tests.support.env import clean_env, closed_endpoint, otlp_env
 
 _CHILD = r"""
 import json, time
@@ -55,24 +54,17 @@ print(type(trace.get_tracer_provider()) is TracerProvider and trace.get_tracer_p
 """
 
 
-def _dead_endpoint() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"  # closed again: nothing listens there
-
-
-def _run(code: str, **env: str) -> str:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
-    environ.update(env)
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True,
+def _run(code: str, env: dict[str, str]) -> str:
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip().splitlines()[-1]
 
 
 def test_plain_api_flush_and_shutdown_return_in_time_with_the_collector_down() -> None:
-    got = json.loads(_run(_CHILD, OTEL_EXPORTER_OTLP_ENDPOINT=_dead_endpoint(), OTEL_BSP_SCHEDULE_DELAY="60000",
-                          OTEL_BLRP_SCHEDULE_DELAY="60000", TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="1000"))  # fmt: skip
+    batches_wait = {"OTEL_BSP_SCHEDULE_DELAY": "60000", "OTEL_BLRP_SCHEDULE_DELAY": "60000"}
+    env = otlp_env(closed_endpoint(), pace=batches_wait, TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="1000")
+    got = json.loads(_run(_CHILD, env))
     for call, (seconds, ok) in got["times"].items():
         # The exit bound (1 s) plus scheduling slack on a loaded 2-core machine; the SDK alone takes 5-10 s.
         assert seconds < 3.0, (call, got)
@@ -82,6 +74,5 @@ def test_plain_api_flush_and_shutdown_return_in_time_with_the_collector_down() -
 
 
 def test_an_applications_own_provider_is_not_wrapped() -> None:
-    assert (
-        _run(_APP_CHILD, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none") == "True"
-    )
+    env = clean_env(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
+    assert _run(_APP_CHILD, env) == "True"

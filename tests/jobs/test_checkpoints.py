@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, WORKERS
-from tests.support.jobs import TORCHELASTIC_OTEL, c10d_args, is_worker, job_env, unique_id
+from tests.support.env import otlp_env
+from tests.support.jobs import TORCHELASTIC_OTEL, c10d_args, is_worker, unique_id
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.procs import Job, run_job
 from torchelastic_otel import _names as names
@@ -37,7 +38,7 @@ def _run(tmp_path: Path, rx: OtlpReceiver, worker: Path = WORKER) -> Job:
     checkpoints.mkdir()
     cmd = [TORCHELASTIC_OTEL, "run", "--nproc-per-node", str(RANKS), *c10d_args(unique_id("ckpt")), worker,
            "--dir", checkpoints, "--steps", str(STEPS), "--every", str(EVERY)]  # fmt: skip
-    return run_job([str(c) for c in cmd], job_env(rx), ROOT, tmp_path / "job.log", timeout=JOB_TIMEOUT)
+    return run_job([str(c) for c in cmd], otlp_env(rx), ROOT, tmp_path / "job.log", timeout=JOB_TIMEOUT)
 
 
 def _checkpoint_spans(rx: OtlpReceiver) -> list[dict[str, Any]]:

@@ -29,16 +29,8 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT
-from tests.support.jobs import (
-    OTEL_INSTRUMENT,
-    TORCHELASTIC_OTEL,
-    TORCHRUN,
-    c10d_args,
-    is_worker,
-    job_env,
-    plain_env,
-    unique_id,
-)
+from tests.support.env import files_env, otlp_env, plain_env
+from tests.support.jobs import OTEL_INSTRUMENT, TORCHELASTIC_OTEL, TORCHRUN, c10d_args, is_worker, unique_id
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.procs import Job, run_job
 from torchelastic_otel._torch.output.records import SCOPE as OUTPUT_SCOPE
@@ -143,20 +135,18 @@ def _run(route: str, env: dict[str, str], base: Path, worker: Path) -> Job:
 BUILD_AT_ONCE = {"TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS": "0"}
 
 
-def _otel_env(rx: OtlpReceiver, **extra: str) -> dict[str, str]:
-    env = job_env(rx, OTEL_SERVICE_NAME="cf-test", OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp",
-                  OTEL_LOGS_EXPORTER="otlp", **BUILD_AT_ONCE)  # fmt: skip
-    env.update(extra)
-    return env
+def _otel_env(rx: OtlpReceiver, protocol: str = "grpc", **extra: str) -> dict[str, str]:
+    otel = dict(OTEL_SERVICE_NAME="cf-test", OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp",
+                OTEL_LOGS_EXPORTER="otlp", **BUILD_AT_ONCE)  # fmt: skip
+    return otlp_env(rx, protocol, **{**otel, **extra})
 
 
-def _file_env(rx: OtlpReceiver, config: Path, **extra: str) -> dict[str, str]:
-    """The job's environment with ``OTEL_CONFIG_FILE``, and ``OTEL_*`` that point elsewhere: the file must win."""
-    env = job_env(rx, OTEL_CONFIG_FILE=str(config), CF_SERVICE="cf-test", OTEL_SERVICE_NAME="ignored",
-                  OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_TRACES_SAMPLER="always_off",
-                  **BUILD_AT_ONCE)  # fmt: skip
-    env.update(extra)
-    return env
+def _file_env(config: Path, **extra: str) -> dict[str, str]:
+    """The job's environment with ``OTEL_CONFIG_FILE``, and ``OTEL_*`` that point elsewhere (a closed port, another
+    service name, no sampling): the file must win."""
+    elsewhere = dict(OTEL_CONFIG_FILE=str(config), CF_SERVICE="cf-test", OTEL_SERVICE_NAME="ignored",
+                     OTEL_TRACES_SAMPLER="always_off", **BUILD_AT_ONCE)  # fmt: skip
+    return otlp_env("http://127.0.0.1:9", **{**elsewhere, **extra})
 
 
 def _kind(item: dict[str, Any]) -> str:
@@ -218,7 +208,7 @@ def test_grpc_from_the_file_on_every_route(route: str, worker: Path, tmp_path: P
     with OtlpReceiver() as rx:
         config = tmp_path / "otel.yaml"
         config.write_text(_config("{otlp_grpc: {endpoint: 'http://127.0.0.1:${CF_GRPC_PORT}'}}"))
-        job = _run(route, _file_env(rx, config, CF_GRPC_PORT=str(rx.grpc_port)), tmp_path / "file", worker)
+        job = _run(route, _file_env(config, CF_GRPC_PORT=str(rx.grpc_port)), tmp_path / "file", worker)
         _job_ok(job)
         _settled(rx, job)
         from_file = _telemetry(rx)
@@ -243,7 +233,7 @@ def test_http_with_a_header(worker: Path, tmp_path: Path) -> None:
         exporter = ("{otlp_http: {endpoint: 'http://127.0.0.1:${CF_HTTP_PORT}/v1/${SIGNAL}', "
                     f"headers: [{{name: {HEADER[0]}, value: '${{CF_TOKEN}}'}}]}}}}")  # fmt: skip
         config.write_text(_config(exporter))
-        env = _file_env(rx, config, CF_HTTP_PORT=str(rx.http_port), CF_TOKEN=HEADER[1])
+        env = _file_env(config, CF_HTTP_PORT=str(rx.http_port), CF_TOKEN=HEADER[1])
         job = _run("run", env, tmp_path / "file", worker)
         _job_ok(job)
         _settled(rx, job)
@@ -254,8 +244,7 @@ def test_http_with_a_header(worker: Path, tmp_path: Path) -> None:
             r.headers.get(HEADER[0]) for r in requests
         }
         rx.clear()
-        env = _otel_env(rx, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf", OTEL_EXPORTER_OTLP_ENDPOINT=rx.http_endpoint,
-                        OTEL_EXPORTER_OTLP_HEADERS=f"{HEADER[0]}={HEADER[1]}")  # fmt: skip
+        env = _otel_env(rx, "http/protobuf", OTEL_EXPORTER_OTLP_HEADERS=f"{HEADER[0]}={HEADER[1]}")
         job = _run("run", env, tmp_path / "env", worker)
         _job_ok(job)
         _settled(rx, job)
@@ -272,7 +261,7 @@ def test_sampler_always_off(worker: Path, tmp_path: Path) -> None:
     with OtlpReceiver() as rx:
         config = tmp_path / "otel.yaml"
         config.write_text(_config("{otlp_grpc: {endpoint: 'http://127.0.0.1:${CF_GRPC_PORT}'}}", "always_off"))
-        env = _file_env(rx, config, CF_GRPC_PORT=str(rx.grpc_port), OTEL_TRACES_SAMPLER="always_on")
+        env = _file_env(config, CF_GRPC_PORT=str(rx.grpc_port), OTEL_TRACES_SAMPLER="always_on")
         job = _run("run", env, tmp_path / "file", worker)
         _job_ok(job)
         _settled(rx, job, spans=False)
@@ -307,9 +296,7 @@ def test_otlp_json_files_the_report_renders(worker: Path, tmp_path: Path) -> Non
         names
     ), names
     env_files = tmp_path / "env-files"
-    env = plain_env() | {"OTEL_TRACES_EXPORTER": "otlp_json_file", "OTEL_METRICS_EXPORTER": "otlp_json_file",
-                         "OTEL_LOGS_EXPORTER": "otlp_json_file", "TORCHELASTIC_OTEL_FILE_DIR": str(env_files),
-                         "OTEL_SERVICE_NAME": "cf-test", "OTEL_METRIC_EXPORT_INTERVAL": "1000"}  # fmt: skip
+    env = files_env(env_files, OTEL_SERVICE_NAME="cf-test")
     _job_ok(_run("run", env, tmp_path / "env", worker))
     from_file, from_env = _report(files), _report(env_files)
     assert from_file == from_env == [("SUCCEEDED", [0, 1], 1, 1, "healthy")], (from_file, from_env)
@@ -348,7 +335,7 @@ def test_an_invalid_file_is_one_line_and_a_plain_job(route: str, fault: str, pla
     config = tmp_path / f"broken-{fault}.yaml"
     config.write_text(text)
     with OtlpReceiver() as rx:
-        job = _run(route, job_env(rx, OTEL_CONFIG_FILE=str(config)), tmp_path / "bridged", worker)
+        job = _run(route, otlp_env(rx, OTEL_CONFIG_FILE=str(config)), tmp_path / "bridged", worker)
         rx.wait_for(lambda r: sum(r.requests.values()) > 0, timeout=1.0)
         assert sum(rx.requests.values()) == 0
     output = job.output()
@@ -387,7 +374,7 @@ def test_an_installed_distro_configures_every_process(route: str, distro_path: P
     ranks (the bridge runs the configurator with the torchrun attributes in ``OTEL_RESOURCE_ATTRIBUTES``);
     under ``opentelemetry-instrument`` the configurator runs before the bridge, with its own resource."""
     with OtlpReceiver() as rx:
-        env = job_env(rx)
+        env = otlp_env(rx)
         env["PYTHONPATH"] = ":".join(p for p in (str(distro_path), env.get("PYTHONPATH", "")) if p)
         job = _run(route, env, tmp_path, worker)
         assert job.returncode == 0, job.tail()

@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, WORKERS
-from tests.support.jobs import BIN, TORCHELASTIC_OTEL, TORCHRUN, c10d_args, job_env, plain_env, unique_id
+from tests.support.env import otlp_env, plain_env
+from tests.support.jobs import BIN, TORCHELASTIC_OTEL, TORCHRUN, c10d_args, unique_id
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.ports import free_port
 from tests.support.procs import Job
@@ -95,7 +96,7 @@ def _launch(kind: str, bridged: bool, base: Path, rx: OtlpReceiver | None) -> di
     run_id = unique_id(f"console-{kind}")
     extra = {"CONSOLE_KIND": kind, "CONSOLE_OUT": str(base), "OMP_NUM_THREADS": "1", "HF_HOME": str(base / "hf"),
              "ACCELERATE_USE_CPU": "1", **OFFLINE}  # fmt: skip
-    env = job_env(rx, **extra) if rx is not None else {**plain_env(), **extra}
+    env = otlp_env(rx, **extra) if rx is not None else plain_env(**extra)
     out, err = base / "stdout", base / "stderr"
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         proc = subprocess.Popen(_command(kind, bridged, run_id), env=env, cwd=ROOT, stdout=stdout, stderr=stderr,

@@ -20,6 +20,7 @@ in one process or a bare interpreter.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import subprocess
 import sys
@@ -31,10 +32,10 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, WORKERS
-from tests.support.jobs import TORCHELASTIC_OTEL, TORCHRUN, c10d_args, job_env, plain_env, unique_id
+from tests.support.env import clean_env, closed_endpoint, otlp_env, plain_env
+from tests.support.jobs import TORCHELASTIC_OTEL, TORCHRUN, c10d_args, unique_id
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.ports import free_port
-from tests.support.procs import Job
+from tests.support.procs import run_job
 
 pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
 
@@ -69,22 +70,12 @@ def run(kind: str, tmp: Path, rx: OtlpReceiver | None) -> Finished:
     if kind == "plain":
         # plain torch has no bridge; the record step's child finds torchelastic_otel installed: it exports nothing
         cmd = [str(TORCHRUN), *args]
-        env = {**plain_env(), "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
-               "OTEL_LOGS_EXPORTER": "none"}  # fmt: skip
+        env = plain_env(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
     else:
         assert rx is not None
         cmd = [str(TORCHELASTIC_OTEL), "run", *args]
-        env = job_env(rx)
-        if kind == "down":
-            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
-    output = base / "console.txt"
-    with open(output, "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    job = Job(proc, output)
-    try:
-        job.wait(timeout=JOB_TIMEOUT)
-    finally:
-        job.kill()
+        env = otlp_env(closed_endpoint() if kind == "down" else rx)
+    job = run_job(cmd, env, ROOT, base / "console.txt", timeout=JOB_TIMEOUT)
     probes = {int(p.stem[4:]): json.loads(p.read_text()) for p in probe_dir.glob("rank?.json")}
     return Finished(kind, run_id, job.returncode, job.output(), probes, rx if kind == "live" else None)
 
@@ -95,29 +86,22 @@ class Runs:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.done: dict[str, Finished] = {}
-        self.receivers: list[OtlpReceiver] = []
+        self.receivers = contextlib.ExitStack()
 
     def get(self, kind: str) -> Finished:
         if kind not in self.done:
-            rx = None
-            if kind != "plain":
-                rx = OtlpReceiver().start()
-                self.receivers.append(rx)
+            rx = None if kind == "plain" else self.receivers.enter_context(OtlpReceiver())
             self.done[kind] = run(kind, self.tmp, rx)
         return self.done[kind]
 
     def close(self) -> None:
-        for rx in self.receivers:
-            rx.stop()
+        self.receivers.close()
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
-    runner = Runs(tmp_path_factory.mktemp("descendants"))
-    try:
+    with contextlib.closing(Runs(tmp_path_factory.mktemp("descendants"))) as runner:
         yield runner
-    finally:
-        runner.close()
 
 
 def finished(runs: Runs, kind: str) -> Finished:
@@ -384,11 +368,11 @@ def test_a_descendant_that_imports_torchs_modules_gets_them_bridged_then_install
 
     from torchelastic_otel._install import AUTO_INSTALL_ENV, BOOTSTRAP_DIR
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_", "TRACEPARENT"))}
-    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", TORCHELASTIC_RUN_ID="light", TORCHELASTIC_RESTART_COUNT="0",
-               TORCHELASTIC_OTEL_WORKER=f"{os.getpid()} 0 0 light", OTEL_TRACES_EXPORTER="none",
-               OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
-               PYTHONPATH=os.pathsep.join([BOOTSTRAP_DIR, str(ROOT)]), **{AUTO_INSTALL_ENV: "1"})  # fmt: skip
+    env = clean_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", TORCHELASTIC_RUN_ID="light",
+                    TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_OTEL_WORKER=f"{os.getpid()} 0 0 light",
+                    OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
+                    **{AUTO_INSTALL_ENV: "1"})  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, env["PYTHONPATH"]])
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", _LIGHT_CHILD], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

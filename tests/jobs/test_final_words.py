@@ -38,7 +38,9 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, WORKERS
-from tests.support.jobs import FAILURE_REPORTED, SIGTERM_SENT, agent_log_seconds, job_env
+from tests.support.env import clean_env, otlp_env, plain_env, use_otlp
+from tests.support.final_words import delivered_by_agent
+from tests.support.jobs import FAILURE_REPORTED, SIGTERM_SENT, agent_log_seconds, rank_1_fails_after
 from tests.support.marks import needs_a_deferred_build
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.procs import Job
@@ -130,6 +132,10 @@ class Runner:
     def __init__(self, tmp: Path) -> None:
         self.tmp, self.jobs, self.outcomes = tmp, [], {}
 
+    def close(self) -> None:
+        for job in self.jobs:
+            job.kill()
+
     def _run(self, name: str, cmd: list[str], env: dict[str, str]) -> Job:
         path = self.tmp / f"{name}.log"
         with open(path, "wb") as out:
@@ -143,8 +149,7 @@ class Runner:
     def plain(self, mode: Mode) -> Outcome:
         key = (mode.name, "plain")
         if key not in self.outcomes:
-            with OtlpReceiver() as rx:
-                env = {k: v for k, v in job_env(rx).items() if not k.startswith("OTEL_")}
+            env = plain_env()
             cmd = [sys.executable, "-m", "torch.distributed.run", *_args(mode)]
             self.outcomes[key] = Outcome(self._run(f"{mode.name}-plain", cmd, env), [])
         return self.outcomes[key]
@@ -159,11 +164,12 @@ class Runner:
         cmd = [sys.executable, "-m", "torchelastic_otel.run", *_args(mode)]
         with contextlib.ExitStack() as stack:
             rx = stack.enter_context(OtlpReceiver())
-            env = job_env(rx)
+            target: OtlpReceiver | str = rx
             if collector == "down":
-                env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:1"
+                target = "http://127.0.0.1:1"
             elif collector == "silent":
-                env["OTEL_EXPORTER_OTLP_ENDPOINT"] = stack.enter_context(SilentCollector()).endpoint
+                target = stack.enter_context(SilentCollector()).endpoint
+            env = otlp_env(target)
             job = self._run(f"{mode.name}-{collector}", cmd, env)
             if collector == "live":
                 expected = _evidence_arrived(mode)
@@ -181,12 +187,8 @@ def _evidence_arrived(mode: Mode) -> Any:
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
-    r = Runner(tmp_path_factory.mktemp("final-words"))
-    try:
+    with contextlib.closing(Runner(tmp_path_factory.mktemp("final-words"))) as r:
         yield r
-    finally:
-        for job in r.jobs:
-            job.kill()
 
 
 CASES = [(mode, collector) for mode in MODES for collector in COLLECTORS]
@@ -302,7 +304,7 @@ def test_a_worker_that_exits_at_once_is_in_the_trace_without_waiting_for_its_pip
     with OtlpReceiver() as rx:
         cmd = [sys.executable, "-m", "torchelastic_otel.run", "--standalone", "--nproc-per-node", "2",
                "--monitor-interval", "0.1", "--no-python", sys.executable, "-c", "print('hi', flush=True)"]  # fmt: skip
-        done = subprocess.run(cmd, env=job_env(rx), cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+        done = subprocess.run(cmd, env=otlp_env(rx), cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT)
         assert done.returncode == 0, done.stderr[-3000:]
         assert rx.wait_for(lambda r: len(r.spans("torchelastic.worker.start")) >= 2, timeout=TELEMETRY_WAIT)
         spans = rx.spans("torchelastic.worker.start")
@@ -334,7 +336,7 @@ def test_a_rank_stopped_inside_an_import_dies_at_once_with_its_record() -> None:
     with OtlpReceiver() as rx:
         cmd = [sys.executable, "-m", "torchelastic_otel.run", "--standalone", "--nproc-per-node", "2",
                "--monitor-interval", "0.1", "--no-python", sys.executable, "-c", _IN_AN_IMPORT]  # fmt: skip
-        env = job_env(rx, TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="5000")
+        env = otlp_env(rx, TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="5000")
         done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT)
         output = done.stdout + done.stderr
         assert done.returncode == 1, output[-3000:]
@@ -358,10 +360,6 @@ def test_what_the_agent_sends_for_a_worker_carries_the_worker_resource(
     and the agent's other resource attributes (``OTEL_RESOURCE_ATTRIBUTES``, ``service.name``), not its pid."""
     import json
     import os
-    import types
-
-    from torchelastic_otel._export import providers
-    from torchelastic_otel._torch import final_words
 
     worker = r"""
 import json, os, time
@@ -373,9 +371,8 @@ assert final_words.write(event_adapter.to_log_fields(event)) is not None
 assert final_words.write_span("torchelastic.worker.start", time.time_ns() - 1000, time.time_ns(), {"a": "b"})
 print(os.getpid())
 """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_", "RANK"))}
-    env.update(RANK="3", LOCAL_RANK="1", WORLD_SIZE="4", TORCHELASTIC_RUN_ID="delivery", ROLE_NAME="trainer",
-               TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))  # fmt: skip
+    env = clean_env(RANK="3", LOCAL_RANK="1", WORLD_SIZE="4", TORCHELASTIC_RUN_ID="delivery", ROLE_NAME="trainer",
+                    TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path))  # fmt: skip
     done = subprocess.run([sys.executable, "-c", worker], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-3000:]
     worker_pid = int(done.stdout.split()[-1])
@@ -383,27 +380,12 @@ print(os.getpid())
     assert json.loads(next(tmp_path.glob("final-*.json")).read_text())["resource"]["process.pid"] == worker_pid
 
     with OtlpReceiver() as rx:
-        for key in [k for k in os.environ if k.startswith(("OTEL_", "TORCHELASTIC_"))]:
-            monkeypatch.delenv(key)
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.grpc_endpoint)
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-        monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=delivery-test")
-        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "delivery")
-        resource = providers.resource()
-        agent = types.SimpleNamespace(
-            logger_provider=providers.build_logger_provider(resource),
-            tracer_provider=providers.build_tracer_provider(resource),
-        )
-        try:
-            assert final_words.deliver(str(tmp_path), agent) == 2
-            agent.logger_provider.force_flush()
-            agent.tracer_provider.force_flush()
+        use_otlp(monkeypatch, rx, pace={}, OTEL_RESOURCE_ATTRIBUTES="deployment.environment=delivery-test",
+                 TORCHELASTIC_RUN_ID="delivery")  # fmt: skip
+        with delivered_by_agent(tmp_path) as (delivered, resource):
+            assert delivered == 2
             both = lambda r: r.logs("torchelastic.worker.terminated") and r.spans("torchelastic.worker.start")  # noqa: E731
             assert rx.wait_for(both, timeout=TELEMETRY_WAIT)
-        finally:
-            agent.logger_provider.shutdown()
-            agent.tracer_provider.shutdown()
         for item in (rx.logs("torchelastic.worker.terminated")[0], rx.spans("torchelastic.worker.start")[0]):
             got = item["resource"]
             assert got["process.pid"] == worker_pid != os.getpid(), got
@@ -418,21 +400,20 @@ print(os.getpid())
 #: Rank 0 logs a line (Python ``logging``, as torch's own INFO lines are), then waits in gloo's
 #: ``init_process_group`` (native code) for rank 1, which waits until rank 0 has logged and exits 1: the agent
 #: SIGTERMs rank 0 there. The script is bridge-unaware.
-_LOGS_THEN_STOPPED = """
+_LOGS_THEN_STOPPED = (
+    """
 import logging, os, sys, time
 from datetime import timedelta
 logging.basicConfig(level=logging.INFO)
-flag = os.path.join(os.environ["FLAG_DIR"], "rank0-logged")
-if os.environ["RANK"] == "1":
-    deadline = time.monotonic() + 60
-    while not os.path.exists(flag) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    sys.exit(1)
+"""
+    + rank_1_fails_after("rank0-logged", poll=0.05)
+    + """\
 import torch.distributed as dist
 logging.getLogger("trainer").warning("rank 0 is about to join")
 open(flag, "w").close()
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 """
+)
 
 
 @needs_a_deferred_build
@@ -447,7 +428,7 @@ def test_a_rank_stopped_before_its_pipeline_was_built_hands_its_span_and_records
     with OtlpReceiver() as rx:
         cmd = [sys.executable, "-m", "torchelastic_otel.run", "--standalone", "--nproc-per-node", "2",
                "--monitor-interval", "0.1", "--no-python", sys.executable, "-c", _LOGS_THEN_STOPPED]  # fmt: skip
-        env = job_env(rx, TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS="60000", FLAG_DIR=str(tmp_path))
+        env = otlp_env(rx, TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS="60000", FLAG_DIR=str(tmp_path))
         done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT)
         output = done.stdout + done.stderr
         assert done.returncode == 1, output[-3000:]

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import WORKERS, stack
+from tests.support.env import PACE, clean_env, files_env
 from tests.support.jobs import unique_id
 from tests.support.waiting import wait_for
 
@@ -71,17 +72,12 @@ def test_the_live_view_follows_a_job_to_its_end(tmp_path: Path) -> None:
     files, go, died, rc = tmp_path / "files", tmp_path / "go", tmp_path / "died", tmp_path / "follow.rc"
     html = tmp_path / "report.html"
     files.mkdir()
-    env = stack.clean_env(OMP_NUM_THREADS="1", NO_COLOR="1")
+    env = clean_env(OMP_NUM_THREADS="1", NO_COLOR="1")
     follower = (
         f"{shlex.quote(sys.executable)} -m torchelastic_otel.report --follow --interval 0.5 "
         f"--html {shlex.quote(str(html))} {shlex.quote(str(files))}; echo $? > {shlex.quote(str(rc))}"
     )
-    job_env = stack.clean_env(
-        OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="otlp_json_file",
-        OTEL_LOGS_EXPORTER="otlp_json_file", TORCHELASTIC_OTEL_FILE_DIR=str(files), OTEL_METRIC_EXPORT_INTERVAL="1000",
-        OTEL_BSP_SCHEDULE_DELAY="200", OTEL_BLRP_SCHEDULE_DELAY="200", TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL="1",
-        OMP_NUM_THREADS="1",
-    )  # fmt: skip
+    job_env = files_env(files, PACE, TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL="1", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torchelastic_otel.run", "--standalone", "--nproc-per-node", "2", "--max-restarts",
            "0", "--rdzv-id", unique_id("follow"), "--monitor-interval", "0.1", str(WORKER), "--go", str(go),
            "--died", str(died), "--base", "0.1", "--slow-rank", "1", "--min-steps", "0", "--check-every", "5",

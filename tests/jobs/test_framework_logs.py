@@ -21,15 +21,15 @@ from __future__ import annotations
 import collections
 import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import WORKERS, stack
-from tests.support.jobs import SEVERITY_ERROR, SEVERITY_INFO, SEVERITY_WARN, unique_id
+from tests.support import WORKERS
+from tests.support.env import clean_env, files_env
+from tests.support.jobs import SEVERITY_ERROR, SEVERITY_INFO, SEVERITY_WARN, launcher, unique_id
 from tests.support.procs import run_job
 
 pytest.importorskip("transformers")
@@ -63,14 +63,11 @@ def text(rank: int, what: str) -> str:
 
 def _launch(bridged: bool, base: Path) -> tuple[int | None, str]:
     """Run the worker on 2 ranks; (exit code, console). The bridged job's OTLP JSON Lines files go to ``base/files``."""
-    env = stack.clean_env(OMP_NUM_THREADS="1", HF_HOME=str(base / "hf-home"), **OFFLINE)
+    job_settings = dict(OMP_NUM_THREADS="1", HF_HOME=str(base / "hf-home"), **OFFLINE)
+    env = (files_env(base / "files", {}, OTEL_SERVICE_NAME="framework-logs-test", **job_settings) if bridged
+           else clean_env(**job_settings))  # fmt: skip
     env.pop("CI", None)  # transformers' logger propagates to the root logger under CI
-    if bridged:
-        env.update(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="otlp_json_file",
-                   OTEL_LOGS_EXPORTER="otlp_json_file", TORCHELASTIC_OTEL_FILE_DIR=str(base / "files"),
-                   OTEL_SERVICE_NAME="framework-logs-test")  # fmt: skip
-    launcher = "torchelastic_otel.run" if bridged else "torch.distributed.run"
-    cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", str(RANKS), "--max-restarts", "0",
+    cmd = [*launcher(bridged), "--standalone", "--nproc-per-node", str(RANKS), "--max-restarts", "0",
            "--rdzv-id", unique_id("framework-logs"), "--monitor-interval", "0.1", str(WORKER)]  # fmt: skip
     base.mkdir(parents=True, exist_ok=True)
     job = run_job(cmd, env, base, base / "job.log", timeout=JOB_TIMEOUT)

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import WORKERS, stack
-from tests.support.jobs import unique_id
+from tests.support import WORKERS
+from tests.support.env import clean_env, files_env
+from tests.support.jobs import launcher, unique_id
 from tests.support.procs import run_job
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import otlpjson
@@ -46,16 +46,13 @@ FRAMEWORK = {"hf_trainer_worker": "hf", "lightning_worker": "lightning"}
 def _launch(worker: Path, bridged: bool, base: Path) -> dict[str, Any]:
     out, files = base / "out", base / "files"
     out.mkdir(parents=True)
-    env = stack.clean_env(OMP_NUM_THREADS="1", FRAMEWORK_OUT=str(out), FRAMEWORK_STEPS=str(STEPS),
-                          FRAMEWORK_SAVE_EVERY=str(SAVE_EVERY), FRAMEWORK_EVAL="1", FRAMEWORK_FAIL_AT=str(FAIL_AT),
-                          FRAMEWORK_FAIL_ONCE=str(base / "failed-once"), HF_HOME=str(base / "hf-home"),
-                          **OFFLINE)  # fmt: skip
-    if bridged:
-        env.update(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="otlp_json_file",
-                   OTEL_LOGS_EXPORTER="otlp_json_file", TORCHELASTIC_OTEL_FILE_DIR=str(files),
-                   OTEL_METRIC_EXPORT_INTERVAL="1000", OTEL_SERVICE_NAME="framework-metrics-test")  # fmt: skip
-    launcher = "torchelastic_otel.run" if bridged else "torch.distributed.run"
-    cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", str(RANKS), "--max-restarts", "1",
+    job_settings = dict(OMP_NUM_THREADS="1", FRAMEWORK_OUT=str(out), FRAMEWORK_STEPS=str(STEPS),
+                        FRAMEWORK_SAVE_EVERY=str(SAVE_EVERY), FRAMEWORK_EVAL="1", FRAMEWORK_FAIL_AT=str(FAIL_AT),
+                        FRAMEWORK_FAIL_ONCE=str(base / "failed-once"), HF_HOME=str(base / "hf-home"),
+                        **OFFLINE)  # fmt: skip
+    env = (files_env(files, OTEL_SERVICE_NAME="framework-metrics-test", **job_settings) if bridged
+           else clean_env(**job_settings))  # fmt: skip
+    cmd = [*launcher(bridged), "--standalone", "--nproc-per-node", str(RANKS), "--max-restarts", "1",
            "--rdzv-id", unique_id(worker.stem), "--monitor-interval", "0.1", str(worker)]  # fmt: skip
     job = run_job(cmd, env, base, base / "job.log", timeout=JOB_TIMEOUT)
     return {"code": job.proc.returncode, "output": job.output(), "left": _left_behind(str(out)), "out": out,

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import ROOT, stack
-from tests.support.jobs import report_run, unique_id
+from tests.support import ROOT
+from tests.support.env import clean_env, files_env
+from tests.support.jobs import launcher, report_run, unique_id
 from tests.support.procs import run_job
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import otlpjson
@@ -30,16 +30,9 @@ S = 1e9
 def _launch(bridged: bool, out: Path, files: Path, restarts: int = 0, **settings: str) -> tuple[int, float, str]:
     """Run the job; (exit code, wall seconds measured here, output)."""
     out.mkdir(parents=True, exist_ok=True)
-    # a restart on torch 2.13 can read the last attempt's store keys (pytorch#135712): the store is not shared
-    env = stack.clean_env(OMP_NUM_THREADS="1", GOODPUT_OUT=str(out), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **settings)
-    if bridged:
-        env.update(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="otlp_json_file",
-                   OTEL_LOGS_EXPORTER="otlp_json_file", TORCHELASTIC_OTEL_FILE_DIR=str(files),
-                   OTEL_METRIC_EXPORT_INTERVAL="1000", OTEL_SERVICE_NAME="goodput-test")  # fmt: skip
-    launcher = (
-        [sys.executable, "-m", "torchelastic_otel.run"] if bridged else [sys.executable, "-m", "torch.distributed.run"]
-    )
-    cmd = [*launcher, "--standalone", "--nproc-per-node", "2", "--max-restarts", str(restarts),
+    job_settings = dict(OMP_NUM_THREADS="1", GOODPUT_OUT=str(out), **settings)
+    env = files_env(files, OTEL_SERVICE_NAME="goodput-test", **job_settings) if bridged else clean_env(**job_settings)
+    cmd = [*launcher(bridged), "--standalone", "--nproc-per-node", "2", "--max-restarts", str(restarts),
            "--rdzv-id", unique_id("goodput"), "--monitor-interval", "0.1", str(WORKER)]  # fmt: skip
     job = run_job(cmd, env, ROOT, out.parent / f"{out.name}.log")
     return job.proc.returncode, job.seconds, job.output()

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, WORKERS
+from tests.support.env import closed_endpoint, otlp_env
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.ports import free_port
 from tests.support.procs import stop_tree
 
 pytest.importorskip("torch.distributed.launcher.api")
@@ -32,19 +32,9 @@ BOOTSTRAP = str(ROOT / "torchelastic_otel" / "_bootstrap")
 
 
 def _env(endpoint: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_", "TRACE"))}
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(var, None)
-    env.update(
-        OTEL_TRACES_EXPORTER="otlp",
-        OTEL_METRICS_EXPORTER="otlp",
-        OTEL_LOGS_EXPORTER="otlp",
-        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
-        OTEL_SERVICE_NAME="dropin-test",
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-    )
-    return env
+    """Every signal over OTLP/gRPC to ``endpoint`` at the SDK's own intervals."""
+    return otlp_env(endpoint, pace={}, OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp",
+                    OTEL_LOGS_EXPORTER="otlp", OTEL_SERVICE_NAME="dropin-test")  # fmt: skip
 
 
 def run_scenario(mode: str, scenario: str, endpoint: str, tmp_path: Path) -> dict[str, Any]:
@@ -74,10 +64,10 @@ def run_scenario(mode: str, scenario: str, endpoint: str, tmp_path: Path) -> dic
 def endpoint(request: pytest.FixtureRequest) -> Any:
     """A live collector on 127.0.0.1, or a closed port (collector down)."""
     if request.param == "down":
-        yield f"http://127.0.0.1:{free_port()}"
+        yield closed_endpoint()
         return
     with OtlpReceiver() as rx:
-        yield f"http://127.0.0.1:{rx.grpc_port}"
+        yield rx.grpc_endpoint
 
 
 def _plain_and_bridged(scenario: str, endpoint: str, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -133,7 +123,7 @@ def test_several_agents_in_one_process(context_name: str, tmp_path: Path) -> Non
     leave the exporter's old channel in reference cycles, and a child destroying a gRPC channel of its parent's
     aborts (``std::system_error``), its peers then waiting for it -- the hang of torch's
     ``test_correct_rank_assignment_heterogeneous_etcd_v2``."""
-    endpoint = f"http://127.0.0.1:{free_port()}"
+    endpoint = closed_endpoint()
     plain, bridged = _plain_and_bridged(f"agents_{context_name}", endpoint, tmp_path)
     assert plain["hung"] is False and bridged["hung"] is False
     assert bridged["child_exitcode"] == plain["child_exitcode"] == 0
@@ -153,7 +143,7 @@ def test_rendezvous_events_take_torchs_call_chain(tmp_path: Path) -> None:
     exactly as often as with plain torch -- never while torch's destination is a NullHandler -- with torch's
     ``RdzvEvent``, whether called directly or by a real rendezvous."""
     with OtlpReceiver() as rx:
-        endpoint = f"http://127.0.0.1:{rx.grpc_port}"
+        endpoint = rx.grpc_endpoint
         plain, bridged = _plain_and_bridged("events", endpoint, tmp_path)
         # ... and the bridge still exports every rendezvous event, NullHandler or not.
         assert rx.wait_for(lambda r: any("called directly" in str(rec.get("body")) + json.dumps(
@@ -169,7 +159,7 @@ def test_the_bridges_launcher_in_place_of_torchs_main(tmp_path: Path) -> None:
     """``torchelastic_otel.run.main`` called in-process twice where code calls ``torch.distributed.run.main``:
     the same workers run, and the launching process's environment changes as with torch's (the run id the agent's
     resource needs is set for the launch only)."""
-    endpoint = f"http://127.0.0.1:{free_port()}"
+    endpoint = closed_endpoint()
     plain, bridged = _plain_and_bridged("run_main", endpoint, tmp_path)
     for launched_plain, launched in zip(plain["launches"], bridged["launches"], strict=True):
         assert sorted(launched["views"]) == sorted(launched_plain["views"]) == ["0", "1"]
@@ -184,7 +174,7 @@ def test_no_reference_to_torch_objects_past_their_run(tmp_path: Path) -> None:
     it hosted are freed by reference counting alone (garbage collector off), as with plain torch: the bridge keeps
     none of them (a store kept alive only through a cycle would be destroyed whenever a collection runs, maybe in a
     forked child)."""
-    endpoint = f"http://127.0.0.1:{free_port()}"
+    endpoint = closed_endpoint()
     plain, bridged = _plain_and_bridged("lifetime", endpoint, tmp_path)
     gone = {"agent_alive": False, "handler_alive": False, "store_port_open": False}
     assert plain["function"] == plain["script"] == gone, plain

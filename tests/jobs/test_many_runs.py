@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT, WORKERS
+from tests.support.env import PACE, files_env
 from tests.support.jobs import unique_id
 from tests.support.procs import run_job
 
@@ -27,28 +28,6 @@ LAUNCHER = WORKERS / "many_runs_launcher.py"
 #: Bound on one launching process (all its launches).
 JOB_TIMEOUT = 240.0
 EXPECTED = {"ok": "SUCCEEDED", "fail": "FAILED"}
-
-
-def _env(files: Path) -> dict[str, str]:
-    import os
-
-    inherited = ("OTEL_", "TORCHELASTIC_", "TRACEPARENT", "TRACESTATE")
-    torchrun_vars = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_NAME",
-                     "MASTER_ADDR", "MASTER_PORT"}  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith(inherited) and k not in torchrun_vars}
-    env.update(
-        OTEL_TRACES_EXPORTER="otlp_json_file",
-        OTEL_METRICS_EXPORTER="otlp_json_file",
-        OTEL_LOGS_EXPORTER="otlp_json_file",
-        OTEL_METRIC_EXPORT_INTERVAL="1000",
-        OTEL_BSP_SCHEDULE_DELAY="200",
-        OTEL_BLRP_SCHEDULE_DELAY="200",
-        TORCHELASTIC_OTEL_FILE_DIR=str(files),
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",  # pytorch#135712: stale store keys on a later run
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-        PYTHONUNBUFFERED="1",
-    )
-    return env
 
 
 def _report(files: Path) -> list[dict]:
@@ -64,8 +43,8 @@ def test_each_in_process_launch_is_its_own_run(tmp_path: Path, modes: tuple[str,
     from torchelastic_otel.report import otlpjson
 
     files, prefix = tmp_path / "otel", unique_id("many")
-    job = run_job([sys.executable, str(LAUNCHER), prefix, *modes], _env(files), ROOT, tmp_path / "launcher.log",
-                  timeout=JOB_TIMEOUT)  # fmt: skip
+    job = run_job([sys.executable, str(LAUNCHER), prefix, *modes], files_env(files, PACE), ROOT,
+                  tmp_path / "launcher.log", timeout=JOB_TIMEOUT)  # fmt: skip
     assert job.returncode == 0, job.tail()
     launched = [line for line in job.output().splitlines() if line.startswith("launch ")]
     outcomes = {"ok": "ok", "fail": "ChildFailedError"}

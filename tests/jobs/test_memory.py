@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, stack
-from tests.support.jobs import c10d_args, unique_id
+from tests.support import ROOT
+from tests.support.env import PACE, clean_env, files_env
+from tests.support.jobs import c10d_args, launcher, unique_id
 from tests.support.procs import run_job
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import build, memory, read
@@ -50,14 +51,13 @@ class Run:
 
 def _launch(tmp: Path, bridged: bool) -> Run:
     out, files = tmp / "out", tmp / "files"
-    env = stack.clean_env(OMP_NUM_THREADS="1")
-    if bridged:
-        env.update(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="otlp_json_file",
-                   OTEL_LOGS_EXPORTER="otlp_json_file", TORCHELASTIC_OTEL_FILE_DIR=str(files),
-                   OTEL_METRIC_EXPORT_INTERVAL="200", OTEL_BSP_SCHEDULE_DELAY="200", OTEL_BLRP_SCHEDULE_DELAY="200",
-                   OTEL_SERVICE_NAME="memory-test")  # fmt: skip
-    launcher = "torchelastic_otel.run" if bridged else "torch.distributed.run"
-    cmd = [sys.executable, "-m", launcher, "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "0",
+    pace = {**PACE, "OTEL_METRIC_EXPORT_INTERVAL": "200"}
+    env = (
+        files_env(files, pace, OTEL_SERVICE_NAME="memory-test", OMP_NUM_THREADS="1")
+        if bridged
+        else clean_env(OMP_NUM_THREADS="1")
+    )
+    cmd = [*launcher(bridged), "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "0",
            *c10d_args(unique_id("memory")), str(WORKER), "--out", str(out), "--leak-rank", str(LEAK_RANK),
            "--leak-mib", str(LEAK_MIB), "--steps", str(STEPS), "--step-seconds", str(STEP_SECONDS)]  # fmt: skip
     job = run_job(cmd, env, ROOT, tmp / "job.log")

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import select
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -29,11 +27,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import ROOT, WORKERS
+from tests.support import WORKERS
+from tests.support.env import otlp_env, prometheus_env
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.ports import free_port, free_port_block
+from tests.support.procs import run_script, start_script, stop_script
 from torchelastic_otel.metrics.rules import DURATION_BUCKETS_S
-from torchelastic_otel.resource import RESOURCE_ENV
 
 CHILD = WORKERS / "_e2e_child.py"
 CHILD_TIMEOUT = 30.0
@@ -67,30 +66,10 @@ class Child:
     result: dict[str, Any]
 
 
-def child_env(**overrides: str) -> dict[str, str]:
-    """The parent's environment without any ``OTEL_*``/torchrun/bridge variable, plus ``overrides``."""
-    torchrun_vars = {var for var, _kind in RESOURCE_ENV.values()}
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_")) and k not in torchrun_vars
-    }
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(overrides)
-    return env
-
-
-def otlp_env(rx: OtlpReceiver, transport: str, **overrides: str) -> dict[str, str]:
-    """``OTEL_*`` pointing every signal at ``rx`` over ``transport`` (``grpc`` or ``http``)."""
-    if transport == "grpc":
-        otel = {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": rx.grpc_endpoint,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-            "OTEL_EXPORTER_OTLP_INSECURE": "true",
-        }
-    else:
-        otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.http_endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
-    otel.update(overrides)
-    return child_env(**otel)
+def exporting_to(rx: OtlpReceiver, transport: str, **overrides: str) -> dict[str, str]:
+    """``OTEL_*`` pointing every signal at ``rx`` over ``transport`` (``grpc`` or ``http``), at the SDK's own
+    intervals."""
+    return otlp_env(rx, "grpc" if transport == "grpc" else "http/protobuf", pace={}, **overrides)
 
 
 def parse_result(stdout: str) -> dict[str, Any]:
@@ -100,15 +79,7 @@ def parse_result(stdout: str) -> dict[str, Any]:
 
 def run_child(scenario: str, env: dict[str, str], timeout: float = CHILD_TIMEOUT) -> Child:
     """Run one scenario to completion (killed by ``subprocess.run`` if it outlives ``timeout``)."""
-    proc = subprocess.run(
-        [sys.executable, str(CHILD), scenario],
-        env=env,
-        cwd=str(ROOT),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = run_script(CHILD, scenario, env=env, timeout=timeout)
     child = Child(proc.returncode, proc.stdout, proc.stderr, parse_result(proc.stdout))
     assert child.returncode == 0, f"child failed ({child.returncode}):\n{child.stdout}\n{child.stderr}"
     assert child.result, f"child printed no result:\n{child.stdout}\n{child.stderr}"
@@ -118,22 +89,11 @@ def run_child(scenario: str, env: dict[str, str], timeout: float = CHILD_TIMEOUT
 @contextlib.contextmanager
 def popen_child(scenario: str, env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
     """A long-running child (stdin kept open); always killed and reaped on the way out."""
-    proc = subprocess.Popen(
-        [sys.executable, str(CHILD), scenario],
-        env=env,
-        cwd=str(ROOT),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_script(CHILD, scenario, env=env)
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        with contextlib.suppress(Exception):
-            proc.communicate(timeout=5)
+        stop_script(proc)
 
 
 def read_result(proc: subprocess.Popen[str], timeout: float = CHILD_TIMEOUT) -> dict[str, Any]:
@@ -327,7 +287,7 @@ def assert_resources(rx: OtlpReceiver, result: dict[str, Any], *, bridge_built: 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
 def test_otel_env_alone_exports_every_signal_at_exit(rx: OtlpReceiver, transport: str) -> None:
-    child = run_child("default", otlp_env(rx, transport))
+    child = run_child("default", exporting_to(rx, transport))
 
     assert rx.wait_for(everything_arrived, timeout=DELIVERY_WAIT), rx.requests
     assert_logs(rx, child.result, transport)
@@ -339,7 +299,7 @@ def test_otel_env_alone_exports_every_signal_at_exit(rx: OtlpReceiver, transport
 
 def test_flush_then_os_exit_delivers_everything(rx: OtlpReceiver) -> None:
     """``os._exit`` runs no atexit handler: an explicit ``torchelastic_otel.flush()`` must deliver it all."""
-    child = run_child("flush_exit", otlp_env(rx, "grpc"))
+    child = run_child("flush_exit", exporting_to(rx, "grpc"))
     assert child.result["flushed"] is True
     # The child is gone, so whatever is here was delivered by flush() itself.
     assert everything_arrived(rx), rx.requests
@@ -390,7 +350,7 @@ def test_flush_then_os_exit_delivers_everything(rx: OtlpReceiver) -> None:
 def test_resource_from_environment(rx: OtlpReceiver, otel: dict[str, str], expected: dict[str, Any]) -> None:
     child = run_child(
         "default",
-        otlp_env(
+        exporting_to(
             rx,
             "http",
             OTEL_METRIC_EXPORT_INTERVAL="500",
@@ -406,7 +366,7 @@ def test_resource_from_environment(rx: OtlpReceiver, otel: dict[str, str], expec
 def test_per_signal_variables() -> None:
     """``OTEL_EXPORTER_OTLP_{LOGS,METRICS}_*`` override the general protocol and endpoint for their signal only."""
     with OtlpReceiver() as rx, OtlpReceiver() as metrics_rx:
-        env = otlp_env(
+        env = exporting_to(
             rx,
             "grpc",
             OTEL_EXPORTER_OTLP_LOGS_PROTOCOL="http/protobuf",
@@ -427,7 +387,9 @@ def test_per_signal_variables() -> None:
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
 def test_headers_reach_the_receiver_and_are_not_printed(rx: OtlpReceiver, transport: str) -> None:
-    child = run_child("default", otlp_env(rx, transport, OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer {SECRET}"))
+    child = run_child(
+        "default", exporting_to(rx, transport, OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer {SECRET}")
+    )
 
     assert rx.wait_for(everything_arrived, timeout=DELIVERY_WAIT), rx.requests
     requests = rx.raw_requests()
@@ -457,7 +419,7 @@ def _json_documents(text: str) -> list[Any]:
 
 def test_console_exporters(rx: OtlpReceiver) -> None:
     # The OTLP endpoint is set too, to show the console exporters replace OTLP rather than add to it.
-    env = otlp_env(
+    env = exporting_to(
         rx, "grpc", OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="console", OTEL_LOGS_EXPORTER="console"
     )
     child = run_child("default", env)
@@ -489,7 +451,7 @@ def test_console_exporters(rx: OtlpReceiver) -> None:
 @pytest.mark.parametrize("disabled", ["traces", "metrics", "logs"])
 def test_none_exporter_disables_only_its_signal(rx: OtlpReceiver, disabled: str) -> None:
     env_var = {"traces": "OTEL_TRACES_EXPORTER", "metrics": "OTEL_METRICS_EXPORTER", "logs": "OTEL_LOGS_EXPORTER"}
-    run_child("default", otlp_env(rx, "grpc", **{env_var[disabled]: "none"}))
+    run_child("default", exporting_to(rx, "grpc", **{env_var[disabled]: "none"}))
 
     others = [s for s in ("traces", "metrics", "logs") if s != disabled]
     assert rx.wait_for(lambda r: all(signal_arrived(r, s) for s in others), timeout=DELIVERY_WAIT), rx.requests
@@ -501,7 +463,7 @@ def test_none_exporter_disables_only_its_signal(rx: OtlpReceiver, disabled: str)
 
 @pytest.mark.parametrize("value", ["true", "TRUE"])
 def test_sdk_disabled_exports_nothing(rx: OtlpReceiver, value: str) -> None:
-    child = run_child("default", otlp_env(rx, "grpc", OTEL_SDK_DISABLED=value))
+    child = run_child("default", exporting_to(rx, "grpc", OTEL_SDK_DISABLED=value))
     # The child exited (and would have flushed at exit): anything it sent is already here, or on its way.
     assert not rx.wait_for(lambda r: any(r.requests.values()), timeout=ABSENCE_WAIT), rx.requests
     assert child.result["trace_id"] == "0" * 32  # no-op providers: the application's span is not recorded either
@@ -514,7 +476,7 @@ def test_sdk_disabled_exports_nothing(rx: OtlpReceiver, value: str) -> None:
 
 
 def test_existing_providers_are_reused(rx: OtlpReceiver) -> None:
-    child = run_child("existing", otlp_env(rx, "grpc"))
+    child = run_child("existing", exporting_to(rx, "grpc"))
     result = child.result
     assert result["same_tracer_provider"] is True  # get_pipeline().tracer_provider is trace.get_tracer_provider()
     assert result["app_meter_provider"] is True
@@ -530,7 +492,7 @@ def test_existing_providers_are_reused(rx: OtlpReceiver) -> None:
 
 
 def test_existing_tracer_provider_reused_others_built(rx: OtlpReceiver) -> None:
-    child = run_child("existing_tracer", otlp_env(rx, "grpc"))
+    child = run_child("existing_tracer", exporting_to(rx, "grpc"))
     result = child.result
     assert result["same_tracer_provider"] is True
     assert result["same_meter_provider"] is True and result["same_logger_provider"] is True  # set globally
@@ -549,7 +511,7 @@ def test_existing_tracer_provider_reused_others_built(rx: OtlpReceiver) -> None:
 
 def test_setup_with_explicit_providers(rx: OtlpReceiver) -> None:
     # OTEL_* points at the receiver: with explicit providers the bridge must not build (or export to) its own.
-    child = run_child("setup", otlp_env(rx, "grpc"))
+    child = run_child("setup", exporting_to(rx, "grpc"))
     result = child.result
     assert result["flushed"] is True
     assert result["pipeline_is_explicit"] is True and result["same_as_get_pipeline"] is True
@@ -567,17 +529,6 @@ def test_setup_with_explicit_providers(rx: OtlpReceiver) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # Prometheus
 # --------------------------------------------------------------------------------------------------------------
-
-
-def prometheus_env(port: int, **overrides: str) -> dict[str, str]:
-    return child_env(
-        OTEL_METRICS_EXPORTER="prometheus",
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_LOGS_EXPORTER="none",
-        OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
-        OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
-        **overrides,
-    )
 
 
 def scrape(port: int, timeout: float = 10.0) -> dict[str, list[Any]]:
@@ -710,7 +661,7 @@ def test_prometheus_port_offset_per_local_rank() -> None:
 def test_bad_configuration_costs_only_what_it_names(
     rx: OtlpReceiver, otel: dict[str, str], lost: set[str], warning: str
 ) -> None:
-    child = run_child("default", otlp_env(rx, "grpc", **otel))  # exits 0
+    child = run_child("default", exporting_to(rx, "grpc", **otel))  # exits 0
     assert warning in child.stderr  # said so, once, on stderr
     assert "Traceback" not in child.stderr
 
@@ -725,7 +676,7 @@ def test_prometheus_port_taken_keeps_the_other_metric_exporter(rx: OtlpReceiver)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
-        env = otlp_env(
+        env = exporting_to(
             rx,
             "grpc",
             OTEL_METRICS_EXPORTER="prometheus,otlp",

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, stack
+from tests.support import ROOT
+from tests.support.env import files_env
 from tests.support.jobs import report_run, unique_id
 from tests.support.procs import run_job
 
@@ -25,9 +26,7 @@ STEPS = 20
 
 
 def _quickstart(base: Path) -> dict[str, Any]:
-    env = stack.clean_env(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="otlp_json_file",
-                          OTEL_LOGS_EXPORTER="otlp_json_file", TORCHELASTIC_OTEL_FILE_DIR=str(base / "files"),
-                          TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # fmt: skip
+    env = files_env(base / "files", {})
     cmd = [sys.executable, "-m", "torchelastic_otel.run", "--standalone", "--nproc-per-node", "2", "--rdzv-id",
            unique_id("quickstart"), str(ROOT / "examples" / "train_ddp.py"), "--steps", str(STEPS)]  # fmt: skip
     job = run_job(cmd, env, ROOT, base / "job.log")

@@ -18,19 +18,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.env import BATCHES, closed_endpoint, otlp_env
 from tests.support.rel_common import (
     TORCHELASTIC_OTEL,
     WORKER,
     OtlpReceiver,
-    closed_endpoint,
     dropped,
-    job_env,
     jobs_in,
     latest_value,
     live_child,
     marks,
     median,
-    otlp_env,
     report,
     run_child,
     standalone,
@@ -60,8 +58,7 @@ def test_collector_unreachable_for_the_whole_job(tmp_path: Path) -> None:
     with OtlpReceiver() as rx, jobs_in(tmp_path) as jobs:
         for _ in range(RUNS):
             for kind in ("live", "dead"):
-                endpoint = rx.grpc_endpoint if kind == "live" else closed_endpoint()
-                job = jobs.run(cmd, job_env(endpoint), timeout=120)
+                job = jobs.run(cmd, otlp_env(rx if kind == "live" else closed_endpoint()), timeout=120)
                 output = job.output()
                 assert job.returncode == 0, f"{kind} job failed:\n{job.tail()}"
                 figures[kind].append((job.seconds, _exit_phase(job, output)))
@@ -102,7 +99,7 @@ def test_memory_bounded_while_flooding_a_dead_collector() -> None:
     """300,000 events + 600,000 metric values as fast as possible, the collector unreachable: RSS stays bounded
     (bridge buffers 65,536 per kind, SDK queue 2,048), every record that is not exported is counted, and the
     exit handler ends within its time bound."""
-    env = otlp_env(closed_endpoint(), TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="1000")
+    env = otlp_env(closed_endpoint(), pace=BATCHES, TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="1000")
     child = run_child("flood", env, str(FLOOD), timeout=180)
     result = child.result
     ended = time.monotonic()
@@ -135,7 +132,7 @@ def test_memory_bounded_while_flooding_a_dead_collector() -> None:
 def test_exit_with_a_full_buffer_stays_within_the_exit_timeout() -> None:
     """65,536 events still buffered at exit, the collector unreachable: converting them all takes ~2 s of CPU, but
     the exit handler drains for half of TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS at most and counts the rest."""
-    env = otlp_env(closed_endpoint(), TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="500")
+    env = otlp_env(closed_endpoint(), pace=BATCHES, TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="500")
     child = run_child("backlog", env, "65536", timeout=120)
     exit_seconds = time.monotonic() - child.result["exit_started"]
     report("exit with 65,536 buffered events, collector down, exit timeout 0.5 s",
@@ -149,8 +146,7 @@ def test_receiver_restarted_mid_job(protocol: str) -> None:
     """Records flow at 100/s; the receiver stops after some arrived and comes back 2 s later on the same ports."""
     n, interval_ms = 600, 10
     with OtlpReceiver() as rx:
-        endpoint = rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
-        env = otlp_env(endpoint, protocol, OTEL_METRIC_EXPORT_INTERVAL="500")
+        env = otlp_env(rx, protocol, pace=BATCHES, OTEL_METRIC_EXPORT_INTERVAL="500")
         with live_child("sequence", env, str(n), str(interval_ms)) as child:
 
             def seqs() -> set[int]:

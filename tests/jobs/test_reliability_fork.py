@@ -20,7 +20,8 @@ import collections
 
 import pytest
 
-from tests.support.rel_common import OtlpReceiver, latest_value, otlp_env, report, run_child
+from tests.support.env import BATCHES, otlp_env
+from tests.support.rel_common import OtlpReceiver, latest_value, report, run_child
 
 
 @pytest.mark.parametrize("mode", ["fork", "spawn"])
@@ -28,9 +29,8 @@ def test_children_export_their_own_telemetry_once(mode: str) -> None:
     with OtlpReceiver() as rx:
         # A generous exit bound: on a loaded machine a fresh child's first connection can take a while, and what
         # is under test here is what the child delivers, not how fast (tests/jobs/test_reliability_collector.py).
-        env = otlp_env(
-            rx.grpc_endpoint, OTEL_METRIC_EXPORT_INTERVAL="600000", TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="10000"
-        )
+        env = otlp_env(rx, pace={**BATCHES, "OTEL_METRIC_EXPORT_INTERVAL": "600000"},
+                       TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="10000")  # fmt: skip
         child = run_child("fork", env, mode, timeout=120)
         result = child.result
         parent, kid = result["pid"], result["child_pid"]
@@ -69,7 +69,7 @@ def test_children_export_their_own_telemetry_once(mode: str) -> None:
 def test_fork_while_recording_never_hangs() -> None:
     n = 20
     with OtlpReceiver() as rx:
-        env = otlp_env(rx.grpc_endpoint, TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="10000")
+        env = otlp_env(rx, pace=BATCHES, TORCHELASTIC_OTEL_EXIT_TIMEOUT_MILLIS="10000")
         child = run_child("fork_stress", env, str(n), timeout=180)
         result = child.result
         report("fork while recording", [("children", n), ("outcomes", result["outcomes"]),

@@ -20,17 +20,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.env import BATCHES, clean_env, closed_endpoint, otlp_env
 from tests.support.otlp_receiver import self_signed_certificate
 from tests.support.ports import free_port
-from tests.support.rel_common import (
-    OtlpReceiver,
-    clean_env,
-    closed_endpoint,
-    live_child,
-    otlp_env,
-    report,
-    run_child,
-)  # fmt: skip
+from tests.support.rel_common import OtlpReceiver, live_child, report, run_child
 from tests.support.workers._rel_child import SECRET
 
 RUN_ID = "real-run-3c1f"
@@ -45,14 +38,10 @@ def everything_received(rx: OtlpReceiver) -> str:
 @pytest.mark.parametrize("collector", ["grpc", "http", "down"])
 def test_exporter_headers_never_leak(collector: str) -> None:
     with OtlpReceiver() as rx:
-        if collector == "down":
-            endpoint, protocol = closed_endpoint(), "grpc"
-        else:
-            endpoint = rx.grpc_endpoint if collector == "grpc" else rx.http_endpoint
-            protocol = "grpc" if collector == "grpc" else "http/protobuf"
-        env = otlp_env(
-            endpoint, protocol, TORCHELASTIC_RUN_ID=RUN_ID, RANK="0", OTEL_EXPORTER_OTLP_TIMEOUT="2", **HEADERS
-        )
+        target = closed_endpoint() if collector == "down" else rx
+        protocol = "http/protobuf" if collector == "http" else "grpc"
+        env = otlp_env(target, protocol, pace=BATCHES, TORCHELASTIC_RUN_ID=RUN_ID, RANK="0",
+                       OTEL_EXPORTER_OTLP_TIMEOUT="2", **HEADERS)  # fmt: skip
         child = run_child("secrets", env, timeout=60)
         assert "DEBUG" in child.stderr  # DEBUG logging was on
         assert SECRET not in child.stdout and SECRET not in child.stderr
@@ -170,9 +159,8 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pa
 
 
 def _tls_env(rx: OtlpReceiver, protocol: str, certificate: Path, **extra: str) -> dict[str, Any]:
-    endpoint = rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
-    assert endpoint.startswith("https://")
-    env = otlp_env(endpoint, protocol, OTEL_EXPORTER_OTLP_CERTIFICATE=str(certificate), **extra)
+    assert (rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint).startswith("https://")
+    env = otlp_env(rx, protocol, pace=BATCHES, OTEL_EXPORTER_OTLP_CERTIFICATE=str(certificate), **extra)
     for var in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"):
         env.pop(var, None)  # requests lets these override the exporter's certificate
     return env

@@ -29,11 +29,11 @@ from typing import Any
 
 import pytest
 
+from tests.support.env import otlp_env
 from tests.support.rel_common import (
     TORCHELASTIC_OTEL,
     WORKER,
     OtlpReceiver,
-    job_env,
     jobs_in,
     marks,
     report,
@@ -73,7 +73,7 @@ def test_worker_exception_crash_sigkill_and_sigterm(tmp_path: Path) -> None:
     cmd = [TORCHELASTIC_OTEL, "run", *standalone(2, "--max-restarts", "2"), WORKER, "--mode", "faults",
            "--quiet", str(QUIET)]  # fmt: skip
     with OtlpReceiver() as rx, jobs_in(tmp_path) as jobs:
-        job = jobs.run(cmd, job_env(rx.grpc_endpoint), timeout=150)
+        job = jobs.run(cmd, otlp_env(rx), timeout=150)
         output = job.output()
         assert job.returncode not in (0, None), f"the job should fail (rank 1 fails in every attempt):\n{job.tail()}"
         assert len(marks(output, "dying")) == 3, output[-4000:]

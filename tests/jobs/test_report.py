@@ -12,7 +12,6 @@ marked, zoom and details working; a screenshot is taken.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from tests.support.procs import Job
-from tests.support.report_browser import Chromium, chromium_binary
+from tests.support.jobs import run_demo
+from tests.support.report_browser import NO_CHROMIUM, Chromium, chromium_binary, started_browser
+from tests.support.report_files import without_named
 from torchelastic_otel.report import model, otlpjson
 
 pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
@@ -51,16 +51,7 @@ class Demo:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     out = tmp_path_factory.mktemp("demo")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["COLUMNS"] = "120"
-    with open(out / "demo.log", "wb") as fh:
-        cmd = [sys.executable, str(ROOT / "examples" / "demo.py"), "--out", str(out), "--timeout", "150"]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    job = Job(proc, out / "demo.log")
-    try:
-        job.wait(timeout=DEMO_TIMEOUT)
-    finally:
-        job.kill()
+    job = run_demo(out, out / "demo.log", DEMO_TIMEOUT, COLUMNS="120")
     return Demo(out, job.output(), job.returncode if job.returncode is not None else -1)
 
 
@@ -162,7 +153,7 @@ def test_the_fallbacks_without_traces_and_without_a_root_cause_record(demo: Demo
             continue
         with open(path) as src, open(tmp_path / path.name, "w") as dst:
             for line in src:
-                dst.write(_without_event(line, "torchelastic.root_cause") + "\n")
+                dst.write(without_named(line, "torchelastic.root_cause") + "\n")
     tel = otlpjson.read([tmp_path])
     assert not tel.spans and not [r for r in tel.logs if r.name == "torchelastic.root_cause"]
     (job,) = model.build(tel)
@@ -174,27 +165,13 @@ def test_the_fallbacks_without_traces_and_without_a_root_cause_record(demo: Demo
     assert "holds NaN inputs" in cause.exc_message and "demo_worker.py" in cause.stacktrace
 
 
-def _without_event(line: str, event_name: str) -> str:
-    data = json.loads(line)
-    for block in data.get("resourceLogs", []):
-        for scope in block.get("scopeLogs", []):
-            scope["logRecords"] = [r for r in scope.get("logRecords", []) if r.get("eventName") != event_name]
-    return json.dumps(data)
-
-
 # ---- the browser ---------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
 def browser() -> Iterator[Chromium]:
-    binary = chromium_binary()
-    if binary is None:
-        pytest.skip("no chromium on PATH: `make browser-deps` installs Debian's chromium (as root, with apt-get)")
-    started = Chromium(binary, 1280, 900)
-    try:
+    with started_browser() as started:
         yield started
-    finally:
-        started.close()
 
 
 #: what the page drew, read from its DOM
@@ -266,7 +243,7 @@ def test_the_html_report_in_a_real_browser(demo: Demo, browser: Chromium, tmp_pa
 def test_the_screenshot_script(demo: Demo, tmp_path: Path) -> None:
     """``python -m tests.support.report_browser REPORT OUT`` (how the README's picture is made) writes a PNG."""
     if chromium_binary() is None:
-        pytest.skip("no chromium on PATH: `make browser-deps` installs Debian's chromium (as root, with apt-get)")
+        pytest.skip(NO_CHROMIUM)
     shutil.copy(demo.html, tmp_path / "r.html")
     cmd = [sys.executable, "-m", "tests.support.report_browser", str(tmp_path / "r.html"), str(tmp_path / "r.png")]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import gc
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -33,8 +32,10 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT
-from tests.support.procs import Job
-from tests.support.report_browser import Chromium, chromium_binary
+from tests.support.env import clean_env
+from tests.support.jobs import run_demo
+from tests.support.report_browser import Chromium, started_browser
+from tests.support.report_files import without_named
 from torchelastic_otel.report import hosts, model, terminal, training
 from torchelastic_otel.report import html as report_html
 from torchelastic_otel.report import read as report_read
@@ -66,17 +67,9 @@ def _without_arrivals(src: Path, out: Path) -> Path:
     for path in src.iterdir():
         lines = path.read_text().splitlines()
         if path.name.startswith("metrics-"):
-            lines = [_drop_metric(line, "torchelastic.worker.step.arrival") for line in lines]
+            lines = [without_named(line, "torchelastic.worker.step.arrival") for line in lines]
         (out / path.name).write_text("".join(line + "\n" for line in lines))
     return out
-
-
-def _drop_metric(line: str, name: str) -> str:
-    data = json.loads(line)
-    for block in data.get("resourceMetrics", []):
-        for scope in block.get("scopeMetrics", []):
-            scope["metrics"] = [m for m in scope.get("metrics", []) if m.get("name") != name]
-    return json.dumps(data)
 
 
 @dataclass
@@ -89,24 +82,15 @@ class Scaled:
 
 
 def _report(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     cmd = [sys.executable, "-m", "torchelastic_otel.report", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=REPORT_TIMEOUT)
+    return subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=REPORT_TIMEOUT)
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo's files (a real job), less the straggler signal: what every run of this module is cloned from."""
     out = tmp_path_factory.mktemp("demo")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    with open(out / "demo.log", "wb") as fh:
-        cmd = [sys.executable, str(ROOT / "examples" / "demo.py"), "--out", str(out / "demo"), "--timeout", "150"]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    job = Job(proc, out / "demo.log")
-    try:
-        job.wait(timeout=DEMO_TIMEOUT)
-    finally:
-        job.kill()
+    job = run_demo(out / "demo", out / "demo.log", DEMO_TIMEOUT)
     assert job.returncode == 0, job.output()[-3000:]
     return _without_arrivals(out / "demo" / "telemetry", out / "source")
 
@@ -392,14 +376,8 @@ SUMMARY_KEYS = {
 
 @pytest.fixture
 def browser() -> Iterator[Chromium]:
-    binary = chromium_binary()
-    if binary is None:
-        pytest.skip("no chromium on PATH: `make browser-deps` installs Debian's chromium (as root, with apt-get)")
-    started = Chromium(binary, 1280, 900)
-    try:
+    with started_browser() as started:
         yield started
-    finally:
-        started.close()
 
 
 _GROUPS = """[...document.querySelectorAll('.timeline details.node')].map(d => ({

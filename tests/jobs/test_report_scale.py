@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from types import ModuleType
 import pytest
 
 from tests.support import ROOT
-from tests.support.procs import Job
+from tests.support.jobs import run_demo
 from torchelastic_otel.report import model, otlpjson, training
 
 
@@ -48,15 +47,7 @@ FAILS = ["node0011:2@0", "node0003:1@0"]
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("demo")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    with open(out / "demo.log", "wb") as fh:
-        cmd = [sys.executable, str(ROOT / "examples" / "demo.py"), "--out", str(out), "--timeout", "150"]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    job = Job(proc, out / "demo.log")
-    try:
-        job.wait(timeout=DEMO_TIMEOUT)
-    finally:
-        job.kill()
+    job = run_demo(out, out / "demo.log", DEMO_TIMEOUT)
     assert job.returncode == 0, job.output()[-3000:]
     return out / "telemetry"
 

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,8 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, WORKERS
-from tests.support.jobs import c10d_args, failure_report, is_worker, job_env, unique_id
+from tests.support.env import otlp_env, plain_env
+from tests.support.jobs import c10d_args, failure_report, is_worker, unique_id
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.procs import Job
 
@@ -63,7 +63,7 @@ def failed_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
         if record in outcomes:
             return outcomes[record]
         with OtlpReceiver() as rx:
-            job = start("torchelastic_otel.run", record, job_env(rx))
+            job = start("torchelastic_otel.run", record, otlp_env(rx))
             rx.wait_for(lambda r: r.logs(ROOT_CAUSE) and r.spans("torchelastic.run")
                         and r.metric_points("torchelastic.root_cause.time"), timeout=10, interval=0.1)  # fmt: skip
             outcomes[record] = {
@@ -77,10 +77,7 @@ def failed_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
     def plain(record: bool) -> Job:
         """The same job under plain torchrun (no bridge, no receiver)."""
         if record not in plain_jobs:
-            env = {
-                k: v for k, v in job_env(types.SimpleNamespace(grpc_endpoint="")).items() if not k.startswith("OTEL_")
-            }
-            plain_jobs[record] = start("torch.distributed.run", record, env)
+            plain_jobs[record] = start("torch.distributed.run", record, plain_env())
         return plain_jobs[record]
 
     run.plain = plain  # type: ignore[attr-defined]

@@ -14,8 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import ROOT, stack
-from tests.support.jobs import unique_id
+from tests.support import ROOT
+from tests.support.env import clean_env, files_env
+from tests.support.jobs import launcher, unique_id
 from tests.support.procs import run_job
 
 WORKER = ROOT / "tests" / "support" / "workers" / "_straggler_worker.py"
@@ -23,13 +24,12 @@ SLOW_RANK = 2
 
 
 def _launch(bridged: bool, tmp: Path) -> tuple[int, str]:
-    env = stack.clean_env(OMP_NUM_THREADS="1")
-    if bridged:
-        env.update(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="otlp_json_file",
-                   OTEL_LOGS_EXPORTER="otlp_json_file", TORCHELASTIC_OTEL_FILE_DIR=str(tmp / "files"),
-                   OTEL_SERVICE_NAME="short-job")  # fmt: skip
-    launcher = "torchelastic_otel.run" if bridged else "torch.distributed.run"
-    cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", "4", "--rdzv-id", unique_id("short"),
+    env = (
+        files_env(tmp / "files", {}, OTEL_SERVICE_NAME="short-job", OMP_NUM_THREADS="1")
+        if bridged
+        else clean_env(OMP_NUM_THREADS="1")
+    )
+    cmd = [*launcher(bridged), "--standalone", "--nproc-per-node", "4", "--rdzv-id", unique_id("short"),
            "--monitor-interval", "0.1", str(WORKER), "--base", "0.05", "--extra", "0.05", "--slow-rank",
            str(SLOW_RANK), "--min-steps", "80", "--max-steps", "80", "--check-every", "1000",
            "--go", str(tmp / "never")]  # fmt: skip

@@ -8,7 +8,6 @@ gloo/NCCL collective looks like. Real collectives under torchrun are in tests/jo
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, WORKERS
+from tests.support.env import clean_env
 from tests.support.waiting import wait_for
 
 CHILD = WORKERS / "_signal_child.py"
@@ -28,12 +28,10 @@ class Child:
     """The child process, its output lines read by a thread (so a blocked child never blocks the test)."""
 
     def __init__(self, *args: str, **env: str) -> None:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
-        environ.update(env)
         self.proc = subprocess.Popen(
             [sys.executable, str(CHILD), *args],
             cwd=ROOT,
-            env=environ,
+            env=clean_env(**env),
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT
-from tests.support.jobs import job_env
+from tests.support.env import otlp_env
+from tests.support.jobs import rank_1_fails_after
 from tests.support.marks import needs_a_deferred_build
 from tests.support.otlp_receiver import OtlpReceiver
 
@@ -34,19 +35,16 @@ TELEMETRY_WAIT = 10.0
 FORCED_KILL = "forcefully exiting via 9"
 TERMINATED = "torchelastic.worker.terminated"
 
-_SCRIPT = """\
-import os, sys, time
-flag = os.path.join(os.environ["FLAG_DIR"], "rank-0-imports-torch")
-if os.environ["RANK"] == "1":
-    deadline = time.monotonic() + 60
-    while not os.path.exists(flag) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    sys.exit(1)
+_SCRIPT = (
+    "import os, sys, time\n"
+    + rank_1_fails_after("rank-0-imports-torch")
+    + """\
 open(flag, "w").close()
 import torch  # rank 0 is stopped here
 print("rank 0 has imported torch", flush=True)
 time.sleep(60)
 """
+)
 IMPORT_LINE = 9
 
 _REPORT = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -54,7 +52,7 @@ _REPORT = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\
 
 def _run(launcher: str, script: Path, flag_dir: Path, rx: OtlpReceiver,
          **extra: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    env = job_env(rx, FLAG_DIR=str(flag_dir), **extra)
+    env = otlp_env(rx, FLAG_DIR=str(flag_dir), **extra)
     if launcher == "torch.distributed.run":
         env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
     cmd = [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1",
@@ -113,15 +111,10 @@ def test_a_rank_stopped_while_loading_torch_dies_at_once_and_its_agent_sends_its
 #: records (so the worker's pipeline is built at once, before the import ends) and, once the pipeline is READY and
 #: its batch span processor (``OTEL_BSP_SCHEDULE_DELAY``, 200 ms) would have exported a span it held, marks a file;
 #: rank 1 waits for the mark and exits 1, so the agent SIGTERMs rank 0 while it still imports torch.
-_BUILT_DURING_THE_IMPORT = """\
-import logging, os, sys, threading, time
-flag = os.path.join(os.environ["FLAG_DIR"], "rank-0-built")
-if os.environ["RANK"] == "1":
-    deadline = time.monotonic() + 60
-    while not os.path.exists(flag) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    sys.exit(1)
-
+_BUILT_DURING_THE_IMPORT = (
+    "import logging, os, sys, threading, time\n"
+    + rank_1_fails_after("rank-0-built")
+    + """
 def built() -> bool:
     return "opentelemetry.sdk.trace" in sys.modules and not any(
         t.name == "torchelastic-otel-setup" for t in threading.enumerate())
@@ -142,6 +135,7 @@ import torch  # the stand-in beside this script: its import lasts until the rank
 print("rank 0 has imported torch", flush=True)
 time.sleep(60)
 """
+)
 
 #: Stands in for torch's import, whose length is not the test's to choose (1-2 s on a 2-core machine, less on a
 #: faster one); it runs Python where torch's loads C++ libraries, which makes no difference to a SIGTERM handled in

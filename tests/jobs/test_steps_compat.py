@@ -14,7 +14,6 @@ process group is process-wide state this test process must not keep).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT
+from tests.support.env import clean_env
 from tests.support.ports import free_port
 
 torch = pytest.importorskip("torch")
@@ -71,8 +71,8 @@ os._exit(0)
 
 
 def _run(mode: str = "pickle", **env: str) -> dict[str, Any]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCH_FR", "TORCHELASTIC_"))}
-    environ.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **env)
+    environ = {k: v for k, v in clean_env().items() if not k.startswith("TORCH_FR")}  # no inherited TORCH_FR_*
+    environ.update(OMP_NUM_THREADS="1", **env)
     result = subprocess.run([sys.executable, "-c", _SCRIPT, str(free_port()), mode], env=environ, cwd=ROOT,
                             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, WORKERS
+from tests.support.env import clean_env, otlp_env
 from tests.support.jobs import (
     OTEL_INSTRUMENT,
     SEVERITY_ERROR,
@@ -38,7 +39,6 @@ from tests.support.jobs import (
     TORCHRUN,
     c10d_args,
     is_worker,
-    job_env,
     unique_id,
 )
 from tests.support.otlp_receiver import OtlpReceiver
@@ -87,6 +87,17 @@ def run_job(start: Callable[..., Job], cmd: list[str | Path], env: dict[str, str
     job = start(cmd, env)
     job.wait()
     return job
+
+
+def bridged_run(start: Callable[..., Job], rx: OtlpReceiver, run_id: str, *worker_args: str,
+                restarts: int | None = None) -> Job:  # fmt: skip
+    """``torchelastic-otel run`` of the worker (``--steps STEPS``, then ``worker_args``) on 2 ranks, c10d rendezvous
+    ``run_id``, exporting to ``rx``; to its end."""
+    cmd: list[str | Path] = [TORCHELASTIC_OTEL, "run", "--nproc-per-node", "2"]
+    if restarts is not None:
+        cmd += ["--max-restarts", str(restarts)]
+    cmd += [*c10d_args(run_id), WORKER, "--steps", str(STEPS), *worker_args]
+    return run_job(start, cmd, otlp_env(rx))
 
 
 # ---- reading what the receiver got ------------------------------------------------------------------------
@@ -446,8 +457,7 @@ def test_torchelastic_otel_run_route(jobs: Callable[..., Job]) -> None:
     """``torchelastic-otel run``: agent events, rendezvous events, platform metrics, worker telemetry, trace tree."""
     run_id = unique_id("route-cli")
     with OtlpReceiver() as rx:
-        cmd = [TORCHELASTIC_OTEL, "run", "--nproc-per-node", "2", *c10d_args(run_id), WORKER, "--steps", str(STEPS)]
-        job = run_job(jobs, cmd, job_env(rx))
+        job = bridged_run(jobs, rx, run_id)
         assert job.returncode == 0, job.tail()
         wait_for_job_telemetry(rx, job, {0, 1})
 
@@ -466,7 +476,7 @@ def test_python_m_run_route_standalone(jobs: Callable[..., Job]) -> None:
     with OtlpReceiver() as rx:
         cmd = [sys.executable, "-m", "torchelastic_otel.run", "--standalone", "--nproc-per-node", "1",
                "--monitor-interval", "0.1", WORKER, "--steps", str(STEPS)]  # fmt: skip
-        job = run_job(jobs, cmd, job_env(rx))
+        job = run_job(jobs, cmd, otlp_env(rx))
         assert job.returncode == 0, job.tail()
         wait_for_job_telemetry(rx, job, {0})
 
@@ -485,7 +495,7 @@ def test_opentelemetry_instrument_route(jobs: Callable[..., Job]) -> None:
     """``opentelemetry-instrument torchrun ...``: the instrumentor entry point bridges the agent and the workers."""
     run_id = unique_id("route-instrument")
     with OtlpReceiver() as rx:
-        env = job_env(rx, OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp", OTEL_LOGS_EXPORTER="otlp")
+        env = otlp_env(rx, OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp", OTEL_LOGS_EXPORTER="otlp")
         cmd = [OTEL_INSTRUMENT, TORCHRUN, "--nproc-per-node", "2", *c10d_args(run_id), WORKER, "--steps", str(STEPS)]
         job = run_job(jobs, cmd, env)
         assert job.returncode == 0, job.tail()
@@ -502,7 +512,7 @@ def test_custom_launcher_route(jobs: Callable[..., Job]) -> None:
     run_id = unique_id("route-launcher")
     with OtlpReceiver() as rx:
         cmd = [sys.executable, LAUNCHER, "--nproc-per-node", "2", "--run-id", run_id, WORKER, "--steps", str(STEPS)]
-        job = run_job(jobs, cmd, job_env(rx))
+        job = run_job(jobs, cmd, otlp_env(rx))
         assert job.returncode == 0, job.tail()
         assert "worker 0 return value is:" in job.output()
         wait_or_fail(rx, "the run span", lambda r: len(r.spans("torchelastic.run")) >= 1, job)
@@ -529,9 +539,7 @@ def test_worker_fails_once_and_the_group_restarts(jobs: Callable[..., Job]) -> N
     """Rank 1 raises in attempt 0, ``--max-restarts 1``: failure, restart and the second attempt in one trace."""
     run_id = unique_id("restart")
     with OtlpReceiver() as rx:
-        cmd = [TORCHELASTIC_OTEL, "run", "--nproc-per-node", "2", "--max-restarts", "1", *c10d_args(run_id),
-               WORKER, "--steps", str(STEPS), "--fail-once-rank", "1"]  # fmt: skip
-        job = run_job(jobs, cmd, job_env(rx))
+        job = bridged_run(jobs, rx, run_id, "--fail-once-rank", "1", restarts=1)
         assert job.returncode == 0, job.tail()
         wait_or_fail(rx, "the run span", lambda r: len(r.spans("torchelastic.run")) >= 1, job)
         wait_or_fail(rx, "attempt 1 of the workers", lambda r: worker_steps_done(r, {0, 1}, restart_count=1), job)
@@ -612,9 +620,7 @@ def test_worker_fails_always(jobs: Callable[..., Job]) -> None:
     """Rank 1 always raises, no restarts: torchrun fails; FAILED events (ERROR, exception.*), run span ERROR."""
     run_id = unique_id("fail-always")
     with OtlpReceiver() as rx:
-        cmd = [TORCHELASTIC_OTEL, "run", "--nproc-per-node", "2", "--max-restarts", "0", *c10d_args(run_id),
-               WORKER, "--steps", str(STEPS), "--fail-always-rank", "1"]  # fmt: skip
-        job = run_job(jobs, cmd, job_env(rx))
+        job = bridged_run(jobs, rx, run_id, "--fail-always-rank", "1", restarts=0)
         assert job.returncode != 0, job.tail()
         wait_or_fail(rx, "the run span", lambda r: len(r.spans("torchelastic.run")) >= 1, job)
         wait_or_fail(rx, "the FAILED event", lambda r: len(r.logs("torchelastic.worker.status.FAILED")) >= 1, job)
@@ -657,7 +663,7 @@ def test_two_agents_share_one_trace(jobs: Callable[..., Job]) -> None:
     """Two torchrun agents ("nodes") on one c10d rendezvous: one trace derived from the run id, two run spans."""
     run_id = unique_id("two-nodes")
     with OtlpReceiver() as rx:
-        env = job_env(rx)
+        env = otlp_env(rx)
         args = c10d_args(run_id, free_port())
         cmd = [TORCHELASTIC_OTEL, "run", "--nnodes", "2", "--nproc-per-node", "1", *args, WORKER, "--steps", str(STEPS)]
         nodes = [jobs(cmd, env), jobs(cmd, env)]
@@ -928,10 +934,9 @@ def test_sigterm_during_a_worker_flush_ends_the_worker(tmp_path: Path) -> None:
     """The agent's SIGTERM may interrupt a worker's own flush: the worker exports ``torchelastic.worker.terminated``,
     lets the interrupted export finish within its exit budget and ends by SIGTERM, instead of deadlocking on the
     SDK's export lock (the provider flushes run in a helper thread; the main thread only waits, bounded)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SIGTERM_CHILD], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True,
+        [sys.executable, "-c", _SIGTERM_CHILD], env=clean_env(), cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
         output, _ = proc.communicate(timeout=60)
@@ -975,8 +980,7 @@ def test_a_worker_does_not_import_the_agent_and_rendezvous_modules(as_worker: bo
     agent itself before install; a rendezvous module it imports later still records through the bridge (it takes
     ``construct_and_record_rdzv_event`` from torch's events module, which is bridged). An agent bridges them all
     at install. No process imports the etcd backend (and urllib3) for the bridge's sake: it records no events."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_", "RANK"))}
-    env.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
+    env = clean_env(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
     if as_worker:
         env.update(RANK="0", LOCAL_RANK="0", TORCHELASTIC_RUN_ID="imports")
     result = subprocess.run([sys.executable, "-c", _IMPORTS_CHILD], env=env, cwd=ROOT, capture_output=True,

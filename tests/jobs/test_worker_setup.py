@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT
+from tests.support.env import clean_env, otlp_env, use_otlp
+from tests.support.final_words import delivered_by_agent
 from tests.support.marks import needs_a_deferred_build
 from tests.support.otlp_receiver import OtlpReceiver
 from torchelastic_otel import _compat
@@ -40,29 +42,37 @@ RUN_ID = "deferred-setup"
 TIMEOUT = 90
 
 
-def worker_env(rx: OtlpReceiver | None, **overrides: str) -> dict[str, str]:
-    """torchrun's worker environment, the bridge's bootstrap, OTLP/gRPC to ``rx``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_", "TRACEPARENT"))}
-    env.update(
+def worker_env(target: OtlpReceiver | str | None, **overrides: str) -> dict[str, str]:
+    """torchrun's worker environment, the bridge's bootstrap, OTLP/gRPC to ``target`` (a receiver or an endpoint;
+    ``None``: no OTLP endpoint)."""
+    worker = dict(
         RANK="1", LOCAL_RANK="1", GROUP_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", ROLE_NAME="trainer",
         TORCHELASTIC_RUN_ID=RUN_ID, TORCHELASTIC_RESTART_COUNT="0", OTEL_BSP_SCHEDULE_DELAY="100",
         OTEL_BLRP_SCHEDULE_DELAY="100", TRACEPARENT="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-        PYTHONPATH=os.pathsep.join(p for p in (BOOTSTRAP_DIR, str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         **{AUTO_INSTALL_ENV: "1"},
     )  # fmt: skip
-    if rx is not None:
-        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-                   OTEL_EXPORTER_OTLP_INSECURE="true")  # fmt: skip
+    env = clean_env(**worker) if target is None else otlp_env(target, pace={}, **worker)
+    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, env["PYTHONPATH"]])
     env.update(overrides)
     return env
 
 
-def run(code: str, env: dict[str, str]) -> dict[str, Any]:
-    """Run ``code`` (which prints one JSON line last) in a worker interpreter; its parsed last line."""
+def run_worker(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a worker interpreter to its end, which must be an exit 0; the finished process."""
     result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                             timeout=TIMEOUT, stdin=subprocess.DEVNULL)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def last_json(result: subprocess.CompletedProcess[str]) -> Any:
+    """The JSON line a worker printed last."""
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run(code: str, env: dict[str, str]) -> dict[str, Any]:
+    """Run ``code`` (which prints one JSON line last) in a worker interpreter; its parsed last line."""
+    return last_json(run_worker(code, env))
 
 
 #: What the worker's script sees at its first line: the bridge installed, its pipeline being built or built, and
@@ -269,8 +279,7 @@ def test_a_worker_that_exits_mid_build_hands_its_span_over_and_stays_quiet(tmp_p
         "atexit.register(time.sleep, 0.5)  # the application's own slow exit handler\n"
         "print(json.dumps(first_line))\n"
     )
-    env = worker_env(None, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_INSECURE="true",
-                     TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path),
+    env = worker_env("http://127.0.0.1:9", TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path),
                      TORCHELASTIC_OTEL_SETUP_DELAY_MILLIS="0")  # build at once: the exit lands mid-build  # fmt: skip
     if not _compat.threads_start_at_exit():
         pytest.skip("this Python builds a worker's pipeline at once (3.12.0-3.12.1): no worker exits mid-build")
@@ -380,12 +389,8 @@ import atexit
 atexit.register(lambda: print(json.dumps(sdk_state()), flush=True))  # runs after the bridge's exit hooks
 """
     )
-    env = worker_env(None, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_INSECURE="true",
-                     TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path))  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-                            timeout=TIMEOUT, stdin=subprocess.DEVNULL)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"phase": "unset", "sdk": False}, result.stdout
+    result = run_worker(code, worker_env("http://127.0.0.1:9", TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path)))
+    assert last_json(result) == {"phase": "unset", "sdk": False}, result.stdout
     assert result.stderr == "", result.stderr[-3000:]
     files = list(tmp_path.glob("final-*.json"))
     assert [json.loads(f.read_text())["span"] for f in files] == ["torchelastic.worker.start"]
@@ -400,10 +405,6 @@ def test_a_worker_that_logs_and_ends_early_leaves_its_records_to_its_agent(
     sends them through its own exporters (here: the bridge's providers over OTLP/gRPC to a receiver on 127.0.0.1)
     as OpenTelemetry's logging handler would have -- body, severity, ``code.*``, ``exception.*`` -- under the
     worker's resource and the agent's attempt span."""
-    import types
-
-    from torchelastic_otel._export import providers
-    from torchelastic_otel._torch import final_words
 
     code = (
         FIRST_LINE
@@ -421,34 +422,16 @@ events.record(events.Event("trainer.early", events.EventSource.WORKER), destinat
 atexit.register(lambda: print(json.dumps(sdk_state()), flush=True))  # runs after the bridge's exit hooks
 """
     )
-    env = worker_env(None, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_INSECURE="true",
-                     TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path))  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
-                            timeout=TIMEOUT, stdin=subprocess.DEVNULL)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"phase": "unset", "sdk": False}, result.stdout
+    result = run_worker(code, worker_env("http://127.0.0.1:9", TORCHELASTIC_OTEL_FAILURE_DIR=str(tmp_path)))
+    assert last_json(result) == {"phase": "unset", "sdk": False}, result.stdout
     assert len(list(tmp_path.glob("final-*.json"))) == 4  # the span, two log records, the event
 
     with OtlpReceiver() as rx:
-        for key in [k for k in os.environ if k.startswith(("OTEL_", "TORCHELASTIC_"))]:
-            monkeypatch.delenv(key)
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rx.grpc_endpoint)
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-        resource = providers.resource()
-        agent = types.SimpleNamespace(
-            logger_provider=providers.build_logger_provider(resource),
-            tracer_provider=providers.build_tracer_provider(resource),
-        )
-        try:
-            assert final_words.deliver(str(tmp_path), agent) == 4
-            agent.logger_provider.force_flush()
-            agent.tracer_provider.force_flush()
+        use_otlp(monkeypatch, rx, pace={})
+        with delivered_by_agent(tmp_path) as (delivered, _resource):
+            assert delivered == 4
             arrived = lambda r: len(r.logs()) >= 3 and worker_start(r)  # noqa: E731
             assert rx.wait_for(arrived, timeout=30), rx.requests
-        finally:
-            agent.logger_provider.shutdown()
-            agent.tracer_provider.shutdown()
         by_body = {str(r["body"]): r for r in rx.logs()}
         warning, failed = by_body["about to fail on rank 1"], by_body["step failed"]
         line = 1 + next(i for i, text in enumerate(code.splitlines()) if "about to fail" in text)
@@ -473,7 +456,7 @@ def test_the_worker_span_never_starts_before_the_process_does() -> None:
         "from torchelastic_otel._torch.worker.hooks import _process_start_ns as s; import time; "
         "print(s(), time.time_ns())"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
+    env = clean_env()
     for _ in range(8):
         before = time.time_ns()
         out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -44,7 +44,8 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, WORKERS
-from tests.support.jobs import SEVERITY_WARN, failure_report, is_worker, job_env, plain_env
+from tests.support.env import otlp_env, plain_env
+from tests.support.jobs import SEVERITY_WARN, failure_report, is_worker
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.ports import free_port
 from tests.support.procs import Job
@@ -200,7 +201,7 @@ class Runner:
                 rx: Any = stack.enter_context(OtlpReceiver())
             else:  # nothing listens there: every export fails (connection refused)
                 rx = types.SimpleNamespace(grpc_endpoint=f"http://127.0.0.1:{free_port()}")
-            job = self._start(f"bridged-{mode.name}-{collector}", cmd, job_env(rx))
+            job = self._start(f"bridged-{mode.name}-{collector}", cmd, otlp_env(rx))
             timed_out = self._wait(job)
             outcome = Outcome(job, timed_out)
             if collector == "live":
@@ -220,18 +221,15 @@ class Runner:
             print(f"\nplain torchrun {mode.name} job: {self.outcomes[key].describe()}")
         return self.outcomes[key]
 
-    def stop_all(self) -> None:
+    def close(self) -> None:
         for job in self.started:
             job.kill()
 
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runner]:
-    r = Runner(tmp_path_factory.mktemp("worker_sigterm"))
-    try:
+    with contextlib.closing(Runner(tmp_path_factory.mktemp("worker_sigterm"))) as r:
         yield r
-    finally:
-        r.stop_all()
 
 
 # ---- reading the agent's output and the received records ---------------------------------------------------

@@ -21,7 +21,6 @@ tests/unit/test_collector_aggregate_config.py, and here for what this test would
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,9 +30,10 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, stack
+from tests.support.env import EVERY_SECOND, clean_env, otlp_env
 from tests.support.jobs import TORCHELASTIC_OTEL
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.ports import free_port
+from tests.support.ports import free_port, listening
 from tests.support.procs import run_job
 from tests.support.waiting import wait_for
 from torchelastic_otel import _names as names
@@ -65,16 +65,8 @@ def local_config(collector_grpc: int, collector_http: int, health: int, receiver
     return config
 
 
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection((stack.HOST, port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
-
-
 def collector_env(queue_dir: Path) -> dict[str, str]:
-    return stack.clean_env(OTELCOL_QUEUE_DIR=str(queue_dir), TORCHELASTIC_AGGREGATE_INTERVAL=INTERVAL)
+    return clean_env(OTELCOL_QUEUE_DIR=str(queue_dir), TORCHELASTIC_AGGREGATE_INTERVAL=INTERVAL)
 
 
 def test_the_run_changes_only_endpoints_all_on_loopback() -> None:
@@ -121,12 +113,11 @@ def test_a_real_job_comes_out_per_node(receiver: OtlpReceiver, tmp_path: Path) -
             on_timeout=collector.output,
         )
         assert collector.running(), f"the collector exited:\n{collector.output()}"
-        job_env = stack.clean_env(
-            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{grpc_port}",
-            OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        job_env = otlp_env(
+            f"http://127.0.0.1:{grpc_port}",
+            pace=EVERY_SECOND,
             OTEL_TRACES_EXPORTER="none",
             OTEL_LOGS_EXPORTER="none",
-            OTEL_METRIC_EXPORT_INTERVAL="1000",
             TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL="1",
         )
         cmd = [

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from tests.support import WORKERS, stack, training_jobs
+from tests.support.env import prometheus_env
 from tests.support.jobs import c10d_args, unique_id
 from tests.support.ports import free_port, free_port_block
 
@@ -131,15 +132,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
                             training_jobs.prometheus_config(targets, scaled_rules(tmp)),
                             avoid={base + i for i in range(3)})  # fmt: skip
     run_id = unique_id("goodput")
-    env = stack.clean_env(
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_METRICS_EXPORTER="prometheus",
-        OTEL_LOGS_EXPORTER="none",
-        OTEL_EXPORTER_PROMETHEUS_HOST=stack.HOST,
-        OTEL_EXPORTER_PROMETHEUS_PORT=str(base),
-        TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL="1",
-        OMP_NUM_THREADS="1",
-    )
+    env = prometheus_env(base, TORCHELASTIC_OTEL_COLLECTIVES_INTERVAL="1", OMP_NUM_THREADS="1")
     cmd: list[str | Path] = [sys.executable, "-m", "torchelastic_otel.run", "--nnodes", "1", "--nproc-per-node", "2",
            "--max-restarts", "0", *c10d_args(run_id, free_port()), WORKER, "--go", go,
            "--input", str(INPUT), "--compute", str(COMPUTE)]  # fmt: skip

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT, WORKERS, stack
+from tests.support.env import prometheus_env
 from tests.support.jobs import c10d_args, unique_id
 from tests.support.ports import free_port, free_port_block
 from tests.support.waiting import wait_for
@@ -56,9 +57,7 @@ def test_readme_query_names_the_rank_that_failed_first_across_agents(tmp_path: P
     try:
         for i, base in enumerate(bases):
             flags[i].mkdir()
-            env = stack.clean_env(OTEL_METRICS_EXPORTER="prometheus", OTEL_TRACES_EXPORTER="none",
-                                  OTEL_LOGS_EXPORTER="none", OTEL_EXPORTER_PROMETHEUS_HOST=stack.HOST,
-                                  OTEL_EXPORTER_PROMETHEUS_PORT=str(base))  # fmt: skip
+            env = prometheus_env(base)
             cmd = [sys.executable, stack.LAUNCHER, flags[i], str(TIMEOUT), "--nnodes", "2", "--nproc-per-node", "2",
                    "--max-restarts", "0", *rdzv, WORKER, "--fail-rank", "3"]  # fmt: skip
             agents.append(stack.start(cmd, tmp_path / f"agent{i}.log", env=env))

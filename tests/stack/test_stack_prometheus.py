@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, stack
+from tests.support.env import prometheus_env
 from tests.support.ports import free_port, free_port_block
 from tests.support.waiting import wait_for
 
@@ -151,13 +152,7 @@ def _hold(prom: stack.Prometheus, name: str, ready: Any, expected: set[str], des
 
 def prometheus_only_env(port: int) -> dict[str, str]:
     """Metrics only, pulled by Prometheus from 127.0.0.1:``port`` (a worker's: ``port`` + 1 + its local rank)."""
-    return stack.clean_env(
-        OTEL_METRICS_EXPORTER="prometheus",
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_LOGS_EXPORTER="none",
-        OTEL_EXPORTER_PROMETHEUS_HOST=stack.HOST,
-        OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
-    )
+    return prometheus_env(port)
 
 
 @pytest.fixture(scope="module")

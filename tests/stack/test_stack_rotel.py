@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -30,8 +29,10 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT, WORKERS, stack
+from tests.support.env import clean_env, otlp_env
+from tests.support.jobs import TORCHELASTIC_OTEL
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.ports import free_port
+from tests.support.ports import free_port, listening
 
 STEPS = 4
 BATCH = 16
@@ -54,14 +55,6 @@ class Rotel:
     @property
     def http_endpoint(self) -> str:
         return f"http://{stack.HOST}:{self.http_port}"
-
-
-def _listening(port: int) -> bool:
-    try:
-        socket.create_connection((stack.HOST, port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +82,14 @@ def rotel(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> I
             "--pid-file", str(tmp / "rotel.pid"),
             "--log-file", str(tmp / "rotel-daemon.log"),
         ]  # fmt: skip
-        proc = stack.start(cmd, tmp / "rotel.log", env=stack.clean_env())
+        proc = stack.start(cmd, tmp / "rotel.log", env=clean_env())
         try:
             deadline = time.monotonic() + 15
             while proc.running() and time.monotonic() < deadline:
-                if _listening(grpc_port) and _listening(http_port):
+                if listening(grpc_port) and listening(http_port):
                     break
                 time.sleep(0.05)
-            if proc.running() and _listening(grpc_port) and _listening(http_port):
+            if proc.running() and listening(grpc_port) and listening(http_port):
                 yield Rotel(proc, grpc_port, http_port)
                 assert proc.running(), f"rotel died during the test:\n{proc.output()}"
                 return
@@ -127,14 +120,14 @@ def job_through_rotel(rotel: Rotel, receiver: OtlpReceiver, tmp_path_factory: py
     tmp = tmp_path_factory.mktemp("rotel_job")
     flags = tmp / "flags"
     flags.mkdir()
-    env = stack.clean_env(
+    env = clean_env(
         OTEL_EXPORTER_OTLP_ENDPOINT=rotel.grpc_endpoint,  # the only exporter setting: grpc, otlp for all signals
         OTEL_METRIC_EXPORT_INTERVAL="1000",
         OTEL_BSP_SCHEDULE_DELAY="200",
         OTEL_BLRP_SCHEDULE_DELAY="200",
     )
     cmd = [
-        stack.TORCHELASTIC_OTEL, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+        TORCHELASTIC_OTEL, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
         "--monitor-interval", "0.1",
         stack.WORKER, "--flag-dir", flags, "--steps", str(STEPS), "--wait", "0", "--fail-once-rank", "1",
     ]  # fmt: skip
@@ -306,10 +299,8 @@ def test_agent_resource_names_its_run(job_through_rotel: JobResult, receiver: Ot
 
 def test_bridged_program_over_http_through_rotel(rotel: Rotel, receiver: OtlpReceiver, tmp_path: Path) -> None:
     receiver.clear()
-    env = stack.clean_env(
-        OTEL_EXPORTER_OTLP_ENDPOINT=rotel.http_endpoint,
-        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-        OTEL_RESOURCE_ATTRIBUTES="deployment.environment=stack-test",
+    env = otlp_env(
+        rotel.http_endpoint, "http/protobuf", pace={}, OTEL_RESOURCE_ATTRIBUTES="deployment.environment=stack-test"
     )
     proc = subprocess.run(
         [sys.executable, str(WORKERS / "_e2e_child.py"), "default"],

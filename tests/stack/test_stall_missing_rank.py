@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from tests.support import WORKERS, stack, training_jobs
+from tests.support.env import plain_env
 from tests.support.jobs import SEVERITY_WARN, is_worker
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.ports import free_port_block
@@ -133,7 +134,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
                               tmp / "bridged.log", env=env)  # fmt: skip
         procs.append(bridged)
         plain = stack.start([sys.executable, "-m", "torch.distributed.run", *torchrun, WORKER, "--go", plain_go],
-                            tmp / "plain.log", env=training_jobs.plain_env())  # fmt: skip
+                            tmp / "plain.log", env=plain_env(OMP_NUM_THREADS="1"))  # fmt: skip
         procs.append(plain)
 
         def describe() -> str:
@@ -322,18 +323,9 @@ _PAGE = """(() => ({
 
 @pytest.mark.browser
 def test_the_html_report_in_a_real_browser(outcome: Outcome, reported: Any, tmp_path: Path) -> None:
-    from tests.support.report_browser import Chromium, chromium_binary
+    from tests.support.report_browser import rendered
 
-    binary = chromium_binary()
-    if binary is None:
-        pytest.skip("no chromium on PATH: `make browser-deps` installs Debian's chromium")
-    browser = Chromium(binary, 1280, 900)
-    try:
-        browser.open(outcome.html.as_uri())
-        page = browser.evaluate(_PAGE)
-        assert browser.errors() == [] and browser.requests() == [outcome.html.as_uri()]
-    finally:
-        browser.close()
+    page = rendered(outcome.html, _PAGE)
     assert page["rendered"] == "true"
     (missing,) = page["missing"]
     assert missing["ranks"] == "1" and missing["group"] == "default_pg" and "gloo:all_reduce" in missing["text"]

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from tests.support import WORKERS, stack, training_jobs
+from tests.support.env import plain_env
 from tests.support.jobs import c10d_args, is_worker, unique_id
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.ports import free_port, free_port_block
@@ -134,7 +135,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Any:
                                launcher, go, run_id)  # fmt: skip
         bridged, stores = procs, [store]
         plain_launcher = [sys.executable, "-m", "torch.distributed.run"]
-        procs, store = _agents(tmp, "plain", lambda node: training_jobs.plain_env(), plain_launcher, plain_go,
+        procs, store = _agents(tmp, "plain", lambda node: plain_env(OMP_NUM_THREADS="1"), plain_launcher, plain_go,
                                unique_id("plain"))  # fmt: skip
         plain, stores = procs, [*stores, store]
 
@@ -282,19 +283,9 @@ _PAGE = """(() => ({
 
 @pytest.mark.browser
 def test_the_html_report_in_a_real_browser(outcome: Outcome, reported: Any, tmp_path: Path) -> None:
-    from tests.support.report_browser import Chromium, chromium_binary
+    from tests.support.report_browser import rendered
 
-    binary = chromium_binary()
-    if binary is None:
-        pytest.skip("no chromium on PATH: `make browser-deps` installs Debian's chromium")
-    browser = Chromium(binary, 1280, 900)
-    try:
-        browser.open(outcome.html.as_uri())
-        page = browser.evaluate(_PAGE)
-        assert browser.errors() == [] and browser.requests() == [outcome.html.as_uri()]
-        browser.screenshot(tmp_path / "stragglers.png", full_page=True)
-    finally:
-        browser.close()
+    page = rendered(outcome.html, _PAGE, tmp_path / "stragglers.png")
     assert page["rendered"] == "true"
     assert sorted(r["rank"] for r in page["rows"]) == ["0", "1", "2", "3"]
     assert [r["rank"] for r in page["rows"] if r["straggler"]] == [str(SLOW_RANK)]

@@ -4,7 +4,9 @@
   repository on ``PYTHONPATH`` (children import ``tests.support``);
 - ``otlp_env``: that, exporting every signal over OTLP to a receiver (or an endpoint: ``closed_endpoint()`` is a
   collector that is down) at a test's pace;
+- ``use_otlp``: this process exporting as such a child would (providers a test builds in-process);
 - ``files_env``: exporting every signal to OTLP JSON Lines files, which ``torchelastic-otel report`` reads;
+- ``prometheus_env``: metrics only, served for Prometheus to scrape;
 - ``plain_env``: plain torchrun (no OpenTelemetry, no bridge bootstrap).
 """
 
@@ -16,9 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tests.support import ROOT
-from tests.support.ports import free_port
+from tests.support.ports import HOST, free_port
 
 if TYPE_CHECKING:
+    import pytest
+
     from tests.support.otlp_receiver import OtlpReceiver
 
 #: What a child must not inherit from the test process: its own exporters' settings, torchrun's, the bridge's, a
@@ -28,9 +32,14 @@ TORCHRUN_VARS = frozenset({
     "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
     "MASTER_PORT", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
 })  # fmt: skip
+#: Spans and records batched for 200 ms (the SDK's default: 5 s), metrics at the SDK's own interval: what a child
+#: program that measures its own export at exit wants.
+BATCHES = {"OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_BLRP_SCHEDULE_DELAY": "200"}
 #: A test's pace: metrics exported every second, spans and records batched for 200 ms (the SDK's defaults: 60 s and
 #: 5 s, longer than most jobs here live).
-PACE = {"OTEL_METRIC_EXPORT_INTERVAL": "1000", "OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_BLRP_SCHEDULE_DELAY": "200"}
+PACE = {"OTEL_METRIC_EXPORT_INTERVAL": "1000", **BATCHES}
+#: Metrics every second, spans and records at the SDK's own pace: what the jobs that write files for the report use.
+EVERY_SECOND = {"OTEL_METRIC_EXPORT_INTERVAL": "1000"}
 #: Every signal to OTLP JSON Lines files (``TORCHELASTIC_OTEL_FILE_DIR``).
 FILE_EXPORTERS = {
     "OTEL_TRACES_EXPORTER": "otlp_json_file",
@@ -55,7 +64,8 @@ def otlp_env(
     target: OtlpReceiver | str, protocol: str = "grpc", pace: Mapping[str, str] = PACE, **extra: str
 ) -> dict[str, str]:
     """``clean_env`` exporting every signal over OTLP (``grpc`` or ``http/protobuf``) to ``target``: a receiver (its
-    endpoint for the protocol) or an endpoint URL; at ``pace`` (``{}``: the SDK's own intervals); plus ``extra``."""
+    endpoint for the protocol) or an endpoint URL; at ``pace`` (``{}``: the SDK's own intervals); plus ``extra``
+    (which wins over both)."""
     if isinstance(target, str):
         endpoint = target
     else:
@@ -63,7 +73,24 @@ def otlp_env(
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol}
     if protocol == "grpc" and endpoint.startswith("http://"):
         otel["OTEL_EXPORTER_OTLP_INSECURE"] = "true"
-    return clean_env(**otel, **{**pace, **extra})
+    return clean_env(**{**otel, **pace, **extra})
+
+
+def use_otlp(
+    monkeypatch: pytest.MonkeyPatch,
+    target: OtlpReceiver | str,
+    protocol: str = "grpc",
+    pace: Mapping[str, str] = PACE,
+    **extra: str,
+) -> None:
+    """This process exporting as an ``otlp_env`` child would, for providers a test builds in-process: its own
+    OpenTelemetry, bridge, trace-context and rotel variables replaced by ``otlp_env``'s, plus ``extra``
+    (``monkeypatch`` restores them)."""
+    for key in [k for k in os.environ if k.startswith(DROPPED_PREFIXES)]:
+        monkeypatch.delenv(key)
+    for key, value in otlp_env(target, protocol, pace, **extra).items():
+        if key.startswith(DROPPED_PREFIXES) or key in extra:
+            monkeypatch.setenv(key, value)
 
 
 def closed_endpoint() -> str:
@@ -71,10 +98,18 @@ def closed_endpoint() -> str:
     return f"http://127.0.0.1:{free_port()}"
 
 
-def files_env(files: Path, **extra: str) -> dict[str, str]:
-    """``clean_env`` exporting every signal to OTLP JSON Lines files in ``files``, metrics every second."""
-    return clean_env(**FILE_EXPORTERS, TORCHELASTIC_OTEL_FILE_DIR=str(files), OTEL_METRIC_EXPORT_INTERVAL="1000",
-                     **extra)  # fmt: skip
+def files_env(files: Path, pace: Mapping[str, str] = EVERY_SECOND, **extra: str) -> dict[str, str]:
+    """``clean_env`` exporting every signal to OTLP JSON Lines files in ``files``, at ``pace`` (metrics every second;
+    ``{}``: the SDK's own intervals); plus ``extra`` (which wins over both)."""
+    return clean_env(**{**FILE_EXPORTERS, "TORCHELASTIC_OTEL_FILE_DIR": str(files), **pace, **extra})
+
+
+def prometheus_env(port: int, **extra: str) -> dict[str, str]:
+    """``clean_env`` exporting metrics only, served for Prometheus on 127.0.0.1:``port`` (a worker's: ``port`` + 1 +
+    its local rank); plus ``extra``."""
+    metrics_only = {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_TRACES_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
+    served = {"OTEL_EXPORTER_PROMETHEUS_HOST": HOST, "OTEL_EXPORTER_PROMETHEUS_PORT": str(port)}
+    return clean_env(**{**metrics_only, **served, **extra})
 
 
 def plain_env(**extra: str) -> dict[str, str]:

@@ -1,64 +1,50 @@
-"""Real torchrun jobs: the launchers, a clean environment exporting to a receiver (or to nothing: plain torchrun),
-rendezvous arguments, and reading what a job sent and printed."""
+"""Real torchrun jobs: the launchers, rendezvous arguments, and reading what a job sent and printed (their
+environments: ``tests.support.env``)."""
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-import types
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tests.support import ROOT
+from tests.support.env import clean_env
 from tests.support.ports import free_port
-
-if TYPE_CHECKING:
-    from tests.support.otlp_receiver import OtlpReceiver
+from tests.support.procs import Job, run_job
 
 BIN = Path(sys.executable).parent
 TORCHELASTIC_OTEL = BIN / "torchelastic-otel"
 TORCHRUN = BIN / "torchrun"
 OTEL_INSTRUMENT = BIN / "opentelemetry-instrument"
+#: The demo (a real ``torchelastic-otel run`` job whose rank 1 fails once): its files, its report.
+DEMO = ROOT / "examples" / "demo.py"
 
 SEVERITY_INFO, SEVERITY_WARN, SEVERITY_ERROR = 9, 13, 17
+
+
+def launcher(bridged: bool) -> list[str]:
+    """The command that starts a job: the bridge's ``torchelastic_otel.run``, or plain ``torch.distributed.run``."""
+    return [sys.executable, "-m", "torchelastic_otel.run" if bridged else "torch.distributed.run"]
 
 
 def unique_id(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:10]}"
 
 
-def job_env(rx: OtlpReceiver, **extra: str) -> dict[str, str]:
-    """This process's environment without any OTEL_*/torchrun/bridge state, exporting to ``rx`` over gRPC."""
-    inherited = ("TORCHELASTIC_", "TRACEPARENT", "TRACESTATE")
-    torchrun_vars = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_NAME"}
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("OTEL_") and not k.startswith(inherited) and k not in torchrun_vars
-    }
-    env.update(
-        OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint,
-        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-        OTEL_EXPORTER_OTLP_INSECURE="true",
-        OTEL_METRIC_EXPORT_INTERVAL="1000",
-        OTEL_BSP_SCHEDULE_DELAY="200",
-        OTEL_BLRP_SCHEDULE_DELAY="200",
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",  # pytorch#135712: stale store keys on restart
-        PYTHONUNBUFFERED="1",
+def rank_1_fails_after(marker: str, poll: float = 0.005) -> str:
+    """Lines of a worker script (which imports ``os``, ``sys`` and ``time`` before them): ``flag`` is
+    ``$FLAG_DIR/<marker>``; rank 1 waits (at most 60 s) until rank 0 has created it, then exits 1, so that the agent
+    stops rank 0 right where it is then."""
+    return (
+        f'flag = os.path.join(os.environ["FLAG_DIR"], "{marker}")\n'
+        'if os.environ["RANK"] == "1":\n'
+        "    deadline = time.monotonic() + 60\n"
+        "    while not os.path.exists(flag) and time.monotonic() < deadline:\n"
+        f"        time.sleep({poll})\n"
+        "    sys.exit(1)\n"
     )
-    env.update(extra)
-    return env
-
-
-def plain_env() -> dict[str, str]:
-    """job_env without OpenTelemetry and without the bridge's bootstrap on PYTHONPATH: plain torchrun."""
-    env = job_env(types.SimpleNamespace(grpc_endpoint="http://127.0.0.1:1"))  # type: ignore[arg-type]
-    env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
-    if "PYTHONPATH" in env:
-        kept = [p for p in env["PYTHONPATH"].split(":") if p and "torchelastic_otel" not in p]
-        env["PYTHONPATH"] = ":".join(kept)
-    return env
 
 
 def c10d_args(run_id: str, port: int | None = None) -> list[str]:
@@ -107,12 +93,17 @@ def agent_log_seconds(output: str, first: str, then: str) -> float | None:
     return end - start
 
 
+def run_demo(out: Path, log: Path, timeout: float, **env: str) -> Job:
+    """``examples/demo.py --out OUT`` to its end (its OTLP JSON Lines files in ``OUT/telemetry``, its report in
+    ``OUT/report.html``, its console in ``log``); stopped with everything it started if it outlives ``timeout``."""
+    cmd = [sys.executable, str(DEMO), "--out", str(out), "--timeout", "150"]
+    return run_job(cmd, clean_env(**env), ROOT, log, timeout=timeout)
+
+
 def report_run(files: Path) -> dict[str, Any]:
     """The one run of ``torchelastic-otel report --json`` on a job's OTLP JSON Lines files (a real subprocess)."""
     import json
     import subprocess
-
-    from tests.support import ROOT
 
     done = subprocess.run([sys.executable, "-m", "torchelastic_otel.report", str(files), "--json"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip

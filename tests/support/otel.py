@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,26 +47,22 @@ class InMemoryOtel:
         return points_of(self.reader.get_metrics_data(), name)
 
 
-def points_of(metrics_data: Any, name: str) -> list[tuple[dict, Any]]:
-    """``(attributes, point)`` of every point of instrument ``name`` in one collection's ``MetricsData``."""
-    found = []
+def metrics_named(metrics_data: Any, name: str) -> Iterator[Any]:
+    """Every ``Metric`` (name, unit, data) called ``name`` in one collection's ``MetricsData`` (``None``: none)."""
     if metrics_data is None:
-        return found
+        return
     for resource_metrics in metrics_data.resource_metrics:
         for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                if metric.name == name:
-                    found.extend((dict(p.attributes or {}), p) for p in metric.data.data_points)
-    return found
+            yield from (metric for metric in scope_metrics.metrics if metric.name == name)
+
+
+def points_of(metrics_data: Any, name: str) -> list[tuple[dict, Any]]:
+    """``(attributes, point)`` of every point of instrument ``name`` in one collection's ``MetricsData``."""
+    return [
+        (dict(p.attributes or {}), p) for metric in metrics_named(metrics_data, name) for p in metric.data.data_points
+    ]
 
 
 def metric_of(metrics_data: Any, name: str) -> Any:
     """The ``Metric`` (name, unit, data) called ``name`` in one collection, or ``None``."""
-    if metrics_data is None:
-        return None
-    for resource_metrics in metrics_data.resource_metrics:
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                if metric.name == name:
-                    return metric
-    return None
+    return next(metrics_named(metrics_data, name), None)

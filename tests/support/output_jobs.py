@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import ROOT, WORKERS
-from tests.support.jobs import OTEL_INSTRUMENT, TORCHRUN, c10d_args, job_env, plain_env, unique_id
+from tests.support.env import otlp_env, plain_env
+from tests.support.jobs import OTEL_INSTRUMENT, TORCHRUN, c10d_args, unique_id
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.procs import Job, stop_tree
+from tests.support.procs import run_job, stop_tree
 
 WORKER = WORKERS / "_output_worker.py"
 JOB_TIMEOUT = 90.0  # seconds; a job that outlives it is killed with its workers
@@ -86,10 +87,10 @@ def run(kind: str, tmp: Path, mode: list[str], layout: list[str] | None = None, 
     elif kind == "instrument":
         assert rx is not None
         cmd = [str(OTEL_INSTRUMENT), str(TORCHRUN), *args]
-        env = job_env(rx, OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp", OTEL_LOGS_EXPORTER="otlp")
+        env = otlp_env(rx, OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp", OTEL_LOGS_EXPORTER="otlp")
     else:
         assert rx is not None
-        cmd, env = [sys.executable, "-m", "torchelastic_otel.run", *args], job_env(rx)
+        cmd, env = [sys.executable, "-m", "torchelastic_otel.run", *args], otlp_env(rx)
     env.update(env_extra or {})
     returncode, console = (_on_terminal if terminal else _on_pipe)(cmd, env, base)
     probes = {int(p.stem[4:]): json.loads(p.read_text()) for p in probe_dir.glob("rank*.json")}
@@ -98,14 +99,7 @@ def run(kind: str, tmp: Path, mode: list[str], layout: list[str] | None = None, 
 
 def _on_pipe(cmd: list[str], env: dict[str, str], base: Path) -> tuple[int | None, str]:
     """torchrun's stdout and stderr to one file, as a batch system collects them."""
-    output = base / "console.txt"
-    with open(output, "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    job = Job(proc, output)
-    try:
-        job.wait(timeout=JOB_TIMEOUT)
-    finally:
-        job.kill()
+    job = run_job(cmd, env, ROOT, base / "console.txt", timeout=JOB_TIMEOUT)
     return job.returncode, job.output()
 
 

@@ -1,4 +1,4 @@
-"""Free ports on 127.0.0.1, for servers and rendezvous the tests start."""
+"""Free ports on 127.0.0.1, for servers and rendezvous the tests start, and whether a server listens on one."""
 
 from __future__ import annotations
 
@@ -34,3 +34,12 @@ def free_port_block(n: int, attempts: int = 50) -> int:
             for sock in socks:
                 sock.close()
     raise RuntimeError(f"no block of {n} free ports found")
+
+
+def listening(port: int) -> bool:
+    """Whether a server accepts connections on 127.0.0.1:``port`` now (one attempt, 0.2 s at most)."""
+    try:
+        socket.create_connection((HOST, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False

@@ -1,4 +1,5 @@
-"""Process-tree helpers shared by the tests that start real torchrun jobs."""
+"""Process-tree helpers shared by the tests that start real torchrun jobs, and the child scripts the tests run from
+the repository (``run_script``, ``start_script``, ``stop_script``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support import ROOT
 
 
 def descendants(root: int) -> list[int]:
@@ -103,3 +107,28 @@ def run_job(cmd: list[str], env: dict[str, str], cwd: Path, log: Path, timeout: 
     finally:
         job.kill()
     return job
+
+
+def run_script(script: Path, *args: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGS`` from the repository to its end, stdin closed and its output captured (text); killed if
+    it outlives ``timeout``."""
+    cmd = [sys.executable, str(script), *args]
+    return subprocess.run(
+        cmd, env=env, cwd=str(ROOT), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def start_script(script: Path, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """``python SCRIPT ARGS`` from the repository, started, its stdin, stdout and stderr pipes (text); the caller
+    ends it with :func:`stop_script`."""
+    pipe = subprocess.PIPE
+    cmd = [sys.executable, str(script), *args]
+    return subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdin=pipe, stdout=pipe, stderr=pipe, text=True)
+
+
+def stop_script(proc: subprocess.Popen[str]) -> None:
+    """Kill a started script if it still runs, and reap it (bounded)."""
+    if proc.poll() is None:
+        proc.kill()
+    with contextlib.suppress(Exception):
+        proc.communicate(timeout=5)

@@ -1,4 +1,4 @@
-"""Shared helpers of the reliability tests (``tests/*/test_reliability_*.py``): clean environments, child programs
+"""Shared helpers of the reliability tests (``tests/*/test_reliability_*.py``): child programs
 (``tests/support/workers/_rel_child.py``) and torchrun jobs (``tests/support/workers/_rel_worker.py``) that are always
 stopped, and receiver views.
 
@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import select
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -22,23 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import ROOT, WORKERS
+from tests.support.jobs import TORCHELASTIC_OTEL
 from tests.support.otlp_receiver import OtlpReceiver
-from tests.support.ports import free_port
-from tests.support.procs import Job
+from tests.support.procs import Job, run_script, start_script, stop_script
 
-__all__ = ["OtlpReceiver"]
+__all__ = ["TORCHELASTIC_OTEL", "OtlpReceiver"]  # re-exported for the reliability tests
 
 CHILD = WORKERS / "_rel_child.py"
 WORKER = WORKERS / "_rel_worker.py"
-BIN = Path(sys.executable).parent
-TORCHELASTIC_OTEL = BIN / "torchelastic-otel"
-TORCHRUN = BIN / "torchrun"
 
 RESULT_PREFIX = "REL_RESULT "
-TORCHRUN_VARS = {
-    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_NAME",
-    "MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
-}  # fmt: skip
 
 
 def report(title: str, rows: Iterable[tuple[str, Any]]) -> None:
@@ -46,40 +37,6 @@ def report(title: str, rows: Iterable[tuple[str, Any]]) -> None:
     print(f"\n[reliability] {title}")
     for key, value in rows:
         print(f"[reliability]   {key}: {value}")
-
-
-# ---- environments -------------------------------------------------------------------------------------------
-
-
-def clean_env(**overrides: str) -> dict[str, str]:
-    """This process's environment without OTEL_*, torchrun or bridge state; the repo on PYTHONPATH."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "TORCHELASTIC_", "TRACEPARENT", "TRACESTATE")) and k not in TORCHRUN_VARS
-    }
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(overrides)
-    return env
-
-
-def otlp_env(endpoint: str, protocol: str = "grpc", **overrides: str) -> dict[str, str]:
-    """Every signal over OTLP to ``endpoint`` (``grpc`` or ``http/protobuf``), short batch delays."""
-    otel = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
-        "OTEL_BLRP_SCHEDULE_DELAY": "200",
-        "OTEL_BSP_SCHEDULE_DELAY": "200",
-    }
-    if protocol == "grpc" and endpoint.startswith("http://"):
-        otel["OTEL_EXPORTER_OTLP_INSECURE"] = "true"
-    otel.update(overrides)
-    return clean_env(**otel)
-
-
-def closed_endpoint() -> str:
-    return f"http://127.0.0.1:{free_port()}"
 
 
 # ---- child programs -----------------------------------------------------------------------------------------
@@ -105,15 +62,7 @@ def parse_results(stdout: str) -> list[dict[str, Any]]:
 def run_child(scenario: str, env: dict[str, str], *args: str, timeout: float = 60.0, check: bool = True) -> Child:
     """Run ``tests/support/workers/_rel_child.py SCENARIO ARGS`` to completion (killed if it outlives ``timeout``)."""
     start = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, str(CHILD), scenario, *args],
-        env=env,
-        cwd=str(ROOT),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = run_script(CHILD, scenario, *args, env=env, timeout=timeout)
     child = Child(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start, parse_results(proc.stdout))
     if check:
         assert child.returncode == 0, (
@@ -127,15 +76,7 @@ class LiveChild:
     """A running child whose stdout is read line by line (with deadlines) while the test acts on the receiver."""
 
     def __init__(self, scenario: str, env: dict[str, str], *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), scenario, *args],
-            env=env,
-            cwd=str(ROOT),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        self.proc = start_script(CHILD, scenario, *args, env=env)
         self.lines: list[str] = []
 
     def read_until(self, predicate: Callable[[str], bool], timeout: float) -> str:
@@ -163,10 +104,7 @@ class LiveChild:
         return Child(self.proc.returncode, stdout, err, 0.0, parse_results(stdout))
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        with contextlib.suppress(Exception):
-            self.proc.communicate(timeout=5)
+        stop_script(self.proc)
 
 
 @contextlib.contextmanager
@@ -216,17 +154,6 @@ def jobs_in(directory: Path) -> Iterator[Jobs]:
         yield jobs
     finally:
         jobs.close()
-
-
-def job_env(endpoint: str, **extra: str) -> dict[str, str]:
-    """A torchrun job exporting OTLP/gRPC to ``endpoint`` with short intervals."""
-    return otlp_env(
-        endpoint,
-        "grpc",
-        OTEL_METRIC_EXPORT_INTERVAL="1000",
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",  # pytorch#135712: stale store keys on restart
-        **extra,
-    )
 
 
 def standalone(nproc: int = 2, *extra: str) -> list[str]:

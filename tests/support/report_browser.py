@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,10 @@ FLAGS = [
 ]
 START_TIMEOUT = 30.0
 COMMAND_TIMEOUT = 30.0
+
+
+#: Why a browser test skips (off CI, where ``make browser-deps`` has not been run).
+NO_CHROMIUM = "no chromium on PATH: `make browser-deps` installs Debian's chromium (as root, with apt-get)"
 
 
 def chromium_binary() -> str | None:
@@ -178,6 +183,33 @@ class Chromium:
                 self.proc.wait(timeout=10)
         self._log.close()
         shutil.rmtree(self._profile, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def started_browser(width: int = 1280, height: int = 900) -> Iterator[Chromium]:
+    """A started Chromium, closed after; the test skips where there is none."""
+    import pytest  # not for the screenshot script (``main``)
+
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip(NO_CHROMIUM)
+    started = Chromium(binary, width, height)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def rendered(html: Path, script: str, screenshot: Path | None = None) -> Any:
+    """What ``script`` reads of the page ``html`` once a started Chromium drew it (a full-page ``screenshot`` too,
+    when asked); asserts that the page drew without an error and asked for nothing but itself."""
+    with started_browser() as browser:
+        browser.open(html.as_uri())
+        page = browser.evaluate(script)
+        assert browser.errors() == [] and browser.requests() == [html.as_uri()]
+        if screenshot is not None:
+            browser.screenshot(screenshot, full_page=True)
+    return page
 
 
 def main(argv: list[str]) -> int:

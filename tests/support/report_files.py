@@ -12,6 +12,7 @@ times, so the timeline is known exactly: ``Facts``).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -179,3 +180,16 @@ def lines_of(paths: list[Path]) -> int:
 
 def size_of(paths: list[Path]) -> int:
     return sum(os.path.getsize(p) for p in paths)
+
+
+def without_named(line: str, name: str) -> str:
+    """One OTLP JSON Lines line less its log records whose ``eventName`` is ``name`` and its metrics called
+    ``name``: a real job's files without one signal."""
+    data = json.loads(line)
+    for block in data.get("resourceLogs", []):
+        for scope in block.get("scopeLogs", []):
+            scope["logRecords"] = [r for r in scope.get("logRecords", []) if r.get("eventName") != name]
+    for block in data.get("resourceMetrics", []):
+        for scope in block.get("scopeMetrics", []):
+            scope["metrics"] = [m for m in scope.get("metrics", []) if m.get("name") != name]
+    return json.dumps(data)

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -34,8 +33,6 @@ DASHBOARD = CONFIG_DIR / "grafana" / "dashboards" / "torchelastic.json"
 PROMETHEUS_YML = CONFIG_DIR / "prometheus.yml"
 WORKER = WORKERS / "_stack_worker.py"
 LAUNCHER = WORKERS / "_stack_launcher.py"
-BIN = Path(sys.executable).parent
-TORCHELASTIC_OTEL = BIN / "torchelastic-otel"
 
 
 # ---- tools ------------------------------------------------------------------------------------------------------
@@ -82,30 +79,6 @@ def run_tool(cmd: list[str], timeout: float = 60.0, cwd: Path | None = None) -> 
 
 
 # ---- ports and processes ----------------------------------------------------------------------------------------
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without OTEL_*, torchrun, bridge or rotel state, plus ``extra``."""
-    dropped_prefixes = ("OTEL_", "TORCHELASTIC_", "TRACEPARENT", "TRACESTATE", "ROTEL_")
-    torchrun_vars = {
-        "RANK",
-        "LOCAL_RANK",
-        "GROUP_RANK",
-        "ROLE_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "ROLE_NAME",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "ROLE_WORLD_SIZE",
-        "GROUP_WORLD_SIZE",
-    }
-    env = {k: v for k, v in os.environ.items() if not k.startswith(dropped_prefixes) and k not in torchrun_vars}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # pytorch#135712: stale store keys on restart
-    env.update(extra)
-    return env
 
 
 @dataclass

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import ROOT, stack
+from tests.support.env import otlp_env
+from tests.support.otlp_receiver import OtlpReceiver
 
 yaml = stack.require_yaml()
 
@@ -66,19 +68,14 @@ def readme_query() -> str:
     return block[1].strip()
 
 
-def bridged_env(rx: Any, files: Path, prometheus_port: int, **extra: str) -> dict[str, str]:
+def bridged_env(rx: OtlpReceiver, files: Path, prometheus_port: int, **extra: str) -> dict[str, str]:
     """A bridged agent's environment: OTLP/gRPC to ``rx``, a Prometheus endpoint per process from
     ``prometheus_port`` (agent) on, and OTLP JSON Lines files in ``files`` for the report."""
-    return stack.clean_env(
+    return otlp_env(
+        rx,
         OTEL_TRACES_EXPORTER="otlp,otlp_json_file",
         OTEL_METRICS_EXPORTER="prometheus,otlp,otlp_json_file",
         OTEL_LOGS_EXPORTER="otlp,otlp_json_file",
-        OTEL_EXPORTER_OTLP_ENDPOINT=rx.grpc_endpoint,
-        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-        OTEL_EXPORTER_OTLP_INSECURE="true",
-        OTEL_METRIC_EXPORT_INTERVAL="1000",
-        OTEL_BSP_SCHEDULE_DELAY="200",
-        OTEL_BLRP_SCHEDULE_DELAY="200",
         OTEL_EXPORTER_PROMETHEUS_HOST=stack.HOST,
         OTEL_EXPORTER_PROMETHEUS_PORT=str(prometheus_port),
         TORCHELASTIC_OTEL_FILE_DIR=str(files),
@@ -86,11 +83,6 @@ def bridged_env(rx: Any, files: Path, prometheus_port: int, **extra: str) -> dic
         OMP_NUM_THREADS="1",
         **extra,
     )
-
-
-def plain_env() -> dict[str, str]:
-    """The same job under plain torchrun: no OpenTelemetry, no bridge."""
-    return stack.clean_env(OMP_NUM_THREADS="1")
 
 
 def report(files: Path, html: Path) -> tuple[dict[str, Any], str]:

@@ -48,3 +48,28 @@ def _no_process(request: pytest.FixtureRequest) -> Iterator[None]:
                 patch.setattr(os, name, refuse(f"os.{name}"))
         yield
     assert not started, f"a test in tests/unit started a process ({', '.join(started)}): mark it @pytest.mark.jobs"
+
+
+@pytest.fixture
+def captured(otel: Any) -> Iterator[Any]:
+    """The workers' logging capture installed with the in-memory pipeline (``otel``); the root logger and the tests'
+    ``lib.*`` loggers restored after."""
+    from tests.support.logging_capture import logging_captured  # the bridge's worker modules: only where asked for
+
+    with logging_captured():
+        yield otel
+
+
+@pytest.fixture
+def frameworks_installed(otel: Any, paused_drainer: Any) -> Iterator[Any]:
+    """The workers' framework instrumentation (Hugging Face, Lightning) installed with the in-memory pipeline and
+    the drainer paused; its patches (``Patches``), restored and drained after."""
+    from tests.support.installed import installed
+    from torchelastic_otel._torch.worker import frameworks
+    from torchelastic_otel._torch.worker.frameworks import instruments
+
+    try:
+        with installed(frameworks.install) as patches:
+            yield patches
+    finally:
+        instruments.drain()

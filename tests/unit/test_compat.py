@@ -3,7 +3,6 @@ release of CPython, OpenTelemetry or torch changes what the bridge reads or writ
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,13 +11,13 @@ import threading
 import pytest
 
 from tests.support import ROOT
+from tests.support.env import clean_env
 from torchelastic_otel import _compat
 from torchelastic_otel import _selftelemetry as selftelemetry
 
 
 def _child(code: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
                           timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
 
 

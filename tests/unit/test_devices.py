@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.installed import installed as patches_installed
 from tests.support.otel import metric_of, points_of
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
@@ -162,12 +163,8 @@ def _machine(count: int = 2) -> Machine:
 
 @pytest.fixture
 def installed(otel: Any) -> Iterator[Any]:
-    patches = Patches()
-    devices.install(patches)
-    try:
+    with patches_installed(devices.install):
         yield otel
-    finally:
-        patches.restore()
 
 
 def _plug(monkeypatch: pytest.MonkeyPatch, machine: Machine, visible: str | None = None) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import stack
+from tests.support.env import clean_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -182,7 +182,7 @@ def test_example_runs(block: Block, workdir: Path) -> None:
     script = workdir / ("example.py" if block.runner == "python" else "example.sh")
     script.write_text(block.code)
     argv = [sys.executable, str(script)] if block.runner == "python" else ["bash", "-e", str(script)]
-    env = stack.clean_env()
+    env = clean_env()
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE")  # what a block needs of it, it says itself
     env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
     code, output, seconds = _run(argv, workdir, env, TIMEOUTS[block.runner])

@@ -25,18 +25,15 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pl = pytest.importorskip("lightning.pytorch")
 
+from tests.support.tiny_models import Regression, regression_rows  # noqa: E402  (torch first, or skip)
+
 STATUS_ERROR = "ERROR"
 
 
 @pytest.fixture
-def installed(otel: Any, paused_drainer: Any) -> Iterator[Any]:
-    patches = Patches()
-    frameworks.install(patches)
-    try:
-        yield otel
-    finally:
-        patches.restore()
-        instruments.drain()
+def installed(otel: Any, frameworks_installed: Any) -> Any:
+    """The in-memory pipeline, the frameworks' instrumentation installed."""
+    return otel
 
 
 def _gauges(otel: Any) -> dict[str, list[tuple[dict, float]]]:
@@ -61,22 +58,6 @@ def _spans(otel: Any, name: str | None = None) -> list[Any]:
 # ---- Hugging Face ---------------------------------------------------------------------------------------------------
 
 
-class _Regression(torch.nn.Module):  # type: ignore[misc]
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 1)
-
-    def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
-        out = self.linear(x)
-        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
-
-
-def _rows(n: int) -> list[dict[str, Any]]:
-    generator = torch.Generator().manual_seed(0)
-    x, y = torch.randn(n, 4, generator=generator), torch.randn(n, 1, generator=generator)
-    return [{"x": x[i], "labels": y[i]} for i in range(n)]
-
-
 def _hf_trainer(tmp_path: Path, **overrides: Any) -> Any:
     torch.manual_seed(0)
     arguments: dict[str, Any] = dict(
@@ -86,7 +67,8 @@ def _hf_trainer(tmp_path: Path, **overrides: Any) -> Any:
     )  # fmt: skip
     arguments.update(overrides)
     args = transformers.TrainingArguments(**arguments)
-    return transformers.Trainer(model=_Regression(), args=args, train_dataset=_rows(64), eval_dataset=_rows(8))
+    return transformers.Trainer(model=Regression(), args=args, train_dataset=regression_rows(64),
+                                eval_dataset=regression_rows(8))  # fmt: skip
 
 
 def _last_logged(log_history: list[dict[str, Any]]) -> dict[str, float]:
@@ -185,7 +167,7 @@ def test_the_users_callbacks_keep_their_order_and_ours_comes_last(installed: Any
 
     torch.manual_seed(0)
     args = transformers.TrainingArguments(output_dir=str(tmp_path / "o"), report_to=[], use_cpu=True)
-    trainer = transformers.Trainer(model=_Regression(), args=args, callbacks=[Mine()])
+    trainer = transformers.Trainer(model=Regression(), args=args, callbacks=[Mine()])
     plain = [type(c).__name__ for c in trainer.callback_handler.callbacks]
     assert plain[-1] == "TorchelasticOtelCallback"
     assert plain.index("Mine") < plain.index("TorchelasticOtelCallback")

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.logging_capture import otel_handler_on_root
 from torchelastic_otel._torch.output import capture as output
 from torchelastic_otel._torch.output.lines import (
     LOGGED_BYTES,
@@ -44,27 +45,6 @@ from torchelastic_otel._torch.output.lines import (
 )
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker import log_records as worker_logging
-
-
-@pytest.fixture
-def captured(otel: Any) -> Iterator[Any]:
-    """The logging capture installed with the in-memory pipeline; root logger and test loggers restored after."""
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    root.handlers.clear()
-    patches = Patches()
-    worker_logging.install(patches, lambda: None)
-    try:
-        yield otel
-    finally:
-        patches.restore()
-        root.handlers[:], root.level = saved
-        for name in list(logging.root.manager.loggerDict):
-            if name.startswith("lib."):
-                logger = logging.getLogger(name)
-                logger.handlers.clear()
-                logger.propagate = True
-                logger.setLevel(logging.NOTSET)
 
 
 @pytest.fixture
@@ -181,18 +161,9 @@ def test_excluded_loggers_and_threads_stay_out_also_when_they_do_not_propagate(c
 def test_records_that_reach_opentelemetrys_handler_are_left_to_it_and_the_others_captured(captured: Any) -> None:
     """Auto-instrumentation's handler on the root exports what reaches the root; a non-propagating library logger's
     records never reach it, so the bridge captures them."""
-    from opentelemetry.sdk._logs import LoggingHandler
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        handler = LoggingHandler(logger_provider=captured.logger_provider)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    try:
+    with otel_handler_on_root(captured.logger_provider):
         logging.getLogger("lib.script").warning("exported by the root's handler")
         library_logger("lib.quiet", stream=io.StringIO()).warning("exported by the bridge")
-    finally:
-        root.removeHandler(handler)
     bodies = sorted(r.body for _s, r in exported(captured))
     assert bodies == ["exported by the bridge", "exported by the root's handler"]
 

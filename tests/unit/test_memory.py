@@ -28,7 +28,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import torchelastic_otel
+from tests.support.installed import installed as patches_installed
 from tests.support.otel import KEEP_ALIVE, metric_of, points_of
+from tests.support.workers._shared import vm_rss
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._torch.patches import Patches
@@ -46,28 +48,18 @@ T0 = 1_800_000_000 * S
 
 @pytest.fixture
 def installed(otel: Any) -> Iterator[Any]:
-    patches = Patches()
-    worker_memory.install(patches)
     try:
-        yield otel
+        with patches_installed(worker_memory.install):
+            yield otel
     finally:
-        patches.restore()
         worker_memory._state.devices.clear()
         worker_memory._state.totals.clear()
         worker_memory._state.readings.clear()
 
 
-def _vm_rss() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_process_memory_usage_is_this_process_s_rss(installed: Any) -> None:
     data = installed.reader.get_metrics_data()
-    expected = _vm_rss()
+    expected = vm_rss()
     metric = metric_of(data, names.PROCESS_MEMORY_USAGE)
     assert metric is not None and metric.unit == "By"
     assert not metric.data.is_monotonic  # an UpDownCounter, as the semantic conventions define it

@@ -22,7 +22,9 @@ from torchelastic_otel.metrics import api as te_api
 # ---- helpers ---------------------------------------------------------------------------------------------------
 
 
-class Collecting(te_api.MetricHandler):
+class _Collects:
+    """A metric handler that keeps every value it is handed."""
+
     def __init__(self) -> None:
         self.data: list = []
 
@@ -34,15 +36,12 @@ class Collecting(te_api.MetricHandler):
         return [(d.group_name, d.name, type(d.value)) for d in self.data]
 
 
-class TorchCollecting(tm_api.MetricHandler):
-    def __init__(self) -> None:
-        self.data: list = []
+class Collecting(_Collects, te_api.MetricHandler):
+    """The bridge's own handler type."""
 
-    def emit(self, metric_data):
-        self.data.append(metric_data)
 
-    def shape(self) -> list[tuple]:
-        return [(d.group_name, d.name, type(d.value)) for d in self.data]
+class TorchCollecting(_Collects, tm_api.MetricHandler):
+    """torch's handler type."""
 
 
 @pytest.fixture

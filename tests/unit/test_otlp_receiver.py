@@ -46,6 +46,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 
 from tests.support import otlp_receiver
+from tests.support.env import clean_env
 from tests.support.otlp_receiver import OtlpReceiver, self_signed_certificate
 
 RECEIVER_SCRIPT = Path(otlp_receiver.__file__)
@@ -375,7 +376,7 @@ def test_script_mode_prints_endpoints_and_json_lines() -> None:
     proc = subprocess.Popen(
         [sys.executable, str(RECEIVER_SCRIPT)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+        env=clean_env(),
     )  # fmt: skip
     out: queue.Queue[str] = queue.Queue()
     err: queue.Queue[str] = queue.Queue()

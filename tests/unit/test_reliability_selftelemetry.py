@@ -34,7 +34,8 @@ from typing import Any
 import pytest
 
 import torchelastic_otel
-from tests.support.rel_common import OtlpReceiver, dropped, live_child, otlp_env, report
+from tests.support.env import BATCHES, otlp_env
+from tests.support.rel_common import OtlpReceiver, dropped, live_child, report
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel import events, metrics
 from torchelastic_otel._export import drainer as _drainer
@@ -204,7 +205,8 @@ def test_exporter_failures_are_counted_and_exported() -> None:
     with OtlpReceiver() as rx:
         rx.set_failing(True, retry_after=0.2)
         env = otlp_env(
-            rx.grpc_endpoint,
+            rx,
+            pace=BATCHES,
             OTEL_EXPORTER_OTLP_TIMEOUT="1",
             OTEL_TRACES_EXPORTER="otlp,doesnotexist",
             OTEL_BLRP_MAX_QUEUE_SIZE="16",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
+from tests.support.env import clean_env
 
 pytest.importorskip("opentelemetry.exporter.otlp.json.file")
 
@@ -205,9 +205,8 @@ def test_the_file_exporter_writes_one_file_per_process_and_signal(tmp_path: Path
         "import torchelastic_otel; from opentelemetry import trace; "
         "trace.get_tracer('t').start_span('hello').end(); torchelastic_otel.flush()"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
-    env.update(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
-               RANK="3", TORCHELASTIC_RESTART_COUNT="2", TORCHELASTIC_RUN_ID="r1")  # fmt: skip
+    env = clean_env(OTEL_TRACES_EXPORTER="otlp_json_file", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
+                    RANK="3", TORCHELASTIC_RESTART_COUNT="2", TORCHELASTIC_RUN_ID="r1")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", "import torchelastic_otel._install as i; i.install(); " + script],
                           env={**env, "TORCHELASTIC_OTEL_FILE_DIR": str(tmp_path)}, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
@@ -243,7 +242,7 @@ def test_reading_on_two_cpus_reads_what_one_reads(job_files: Path, monkeypatch: 
     monkeypatch.setattr(otlpjson, "_parallel_worth", lambda total: True)  # the input has two files at least (above)
     started: list[object] = []
     start = otlpjson._Helper.start
-    monkeypatch.setattr(otlpjson._Helper, "start", lambda files: started.append(start(files)) or started[-1])
+    monkeypatch.setattr(otlpjson._Helper, "start", lambda *args: started.append(start(*args)) or started[-1])
     merged: list[bool] = []
     merge = otlpjson._Helper.merge_into
     monkeypatch.setattr(otlpjson._Helper, "merge_into", lambda self, r: merged.append(merge(self, r)) or merged[-1])
@@ -462,8 +461,8 @@ def test_reading_ends_with_its_caches_freed(job_files: Path, monkeypatch: pytest
     readers: list[weakref.ref[otlpjson.Reader]] = []
     init = otlpjson.Reader.__init__
 
-    def remembered(self: otlpjson.Reader) -> None:
-        init(self)
+    def remembered(self: otlpjson.Reader, summary: bool = False) -> None:
+        init(self, summary)
         readers.append(weakref.ref(self))
 
     monkeypatch.setattr(otlpjson.Reader, "__init__", remembered)

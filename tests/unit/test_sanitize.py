@@ -33,6 +33,7 @@ from opentelemetry._logs import LogRecord
 
 import torchelastic_otel
 from tests.conftest import examples
+from tests.support.env import use_otlp
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.rel_common import latest_value, report
 from torchelastic_otel import _selftelemetry as selftelemetry
@@ -157,19 +158,14 @@ def rx() -> Iterator[OtlpReceiver]:
 def bridge(request: pytest.FixtureRequest, rx: OtlpReceiver) -> Iterator[Bridge]:
     """The bridge exporting over ``request.param`` with OTel handlers for every event type, metric group and the
     rendezvous destination; batches leave only on a flush (so one flush is one batch per signal)."""
-    endpoint = rx.grpc_endpoint if request.param == "grpc" else rx.http_endpoint
     restored = contextlib.ExitStack()
     restored.enter_context(events._state_restored())
     restored.enter_context(te_metrics_api._state_restored())
     with pytest.MonkeyPatch.context() as env:
-        for name in ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER"):
-            env.setenv(name, "otlp")
-        env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc" if request.param == "grpc" else "http/protobuf")
-        env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
-        env.setenv("OTEL_BLRP_SCHEDULE_DELAY", "60000")
-        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "60000")
-        env.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
-        env.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+        only_on_flush = {"OTEL_BLRP_SCHEDULE_DELAY": "60000", "OTEL_BSP_SCHEDULE_DELAY": "60000",
+                         "OTEL_METRIC_EXPORT_INTERVAL": "600000"}  # fmt: skip
+        use_otlp(env, rx, "grpc" if request.param == "grpc" else "http/protobuf", only_on_flush,
+                 OTEL_TRACES_EXPORTER="otlp", OTEL_METRICS_EXPORTER="otlp", OTEL_LOGS_EXPORTER="otlp")  # fmt: skip
         bridge = Bridge(rx, request.param)
     events._legacy_handlers.clear()
     events.configure(events.OtelEventHandler())
@@ -523,10 +519,10 @@ def test_a_job_whose_worker_fails_on_a_non_utf8_path_delivers_its_traceback(tmp_
     pipeline is built on the exit path: issue 15's first item, not this test's subject)."""
     import subprocess
     import sys
-    import types
 
     from tests.support import ROOT
-    from tests.support.jobs import c10d_args, job_env, unique_id
+    from tests.support.env import otlp_env, plain_env
+    from tests.support.jobs import c10d_args, unique_id
 
     script = os.fsdecode(os.path.join(os.fsencode(str(tmp_path)), b"train_\xff\xfe.py"))
     with open(script, "w", encoding="utf-8") as out:
@@ -539,13 +535,12 @@ def test_a_job_whose_worker_fails_on_a_non_utf8_path_delivers_its_traceback(tmp_
 
     names = ("torchelastic.worker.exception", "torchelastic.root_cause")
     with OtlpReceiver() as receiver:
-        bridged = run("torchelastic_otel.run", job_env(receiver))
+        bridged = run("torchelastic_otel.run", otlp_env(receiver))
         arrived = lambda r: r.logs("torchelastic.root_cause") and r.spans("torchelastic.run")  # noqa: E731
         assert receiver.wait_for(arrived, timeout=10), [s["name"] for s in receiver.spans()]
         records = {name: receiver.logs(name) for name in names if receiver.logs(name)}
         records.update({name: receiver.spans(name) for name in ("torchelastic.attempt", "torchelastic.run")})
-    plain_env = {k: v for k, v in job_env(types.SimpleNamespace(grpc_endpoint="")).items() if not k.startswith("OTEL_")}
-    plain = run("torch.distributed.run", plain_env)
+    plain = run("torch.distributed.run", plain_env())
     assert bridged.returncode == plain.returncode == 1, (bridged.stderr[-2000:], plain.stderr[-2000:])
     where = f'File "{fixed(script)}", line 8'
     for name, found in records.items():  # the records, and the attempt and run spans (the root cause is on them)

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.installed import installed
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._torch import tracebacks
 from torchelastic_otel._torch.patches import Patches
@@ -218,20 +219,6 @@ def test_a_framework_phase_span(otel: Any, paused_drainer: Any) -> None:
     assert instruments.open_tokens() == []
 
 
-@pytest.fixture
-def frameworks_installed(otel: Any, paused_drainer: Any) -> Iterator[Patches]:
-    from torchelastic_otel._torch.worker import frameworks
-    from torchelastic_otel._torch.worker.frameworks import instruments
-
-    patches = Patches()
-    frameworks.install(patches)
-    try:
-        yield patches
-    finally:
-        patches.restore()
-        instruments.drain()
-
-
 def _bridged_and_plain(patches: Patches, run: Callable[[], Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """What ``run()`` raises with the wrappers installed, then with ``patches`` restored."""
     bridged = _printed(run)
@@ -242,26 +229,18 @@ def _bridged_and_plain(patches: Patches, run: Callable[[], Any]) -> tuple[dict[s
 def test_hugging_face_trainer(frameworks_installed: Patches, tmp_path: Path) -> None:
     """``Trainer.__init__`` (a ``Trainer`` without a model) and ``Trainer.train`` (a callback raising at step 2)."""
     transformers = pytest.importorskip("transformers")
+    from tests.support.tiny_models import Regression, regression_rows
 
     class Boom(transformers.TrainerCallback):  # type: ignore[misc]
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step == 2:
                 raise RuntimeError("the callback failed at step 2")
 
-    class Regression(torch.nn.Module):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.linear = torch.nn.Linear(4, 1)
-
-        def forward(self, x: Any, labels: Any = None) -> dict[str, Any]:
-            out = self.linear(x)
-            return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
-
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf"), max_steps=4, per_device_train_batch_size=4, report_to=[], use_cpu=True,
         disable_tqdm=True, dataloader_num_workers=0, save_strategy="no", logging_steps=100,
     )  # fmt: skip
-    rows = [{"x": torch.randn(4), "labels": torch.randn(1)} for _ in range(16)]
+    rows = regression_rows(16)
 
     def train() -> None:
         transformers.Trainer(model=Regression(), args=args, train_dataset=rows, callbacks=[Boom()]).train()
@@ -433,12 +412,10 @@ def training_installed(otel: Any, paused_drainer: Any) -> Iterator[Patches]:
     from torchelastic_otel._torch.worker import steps, training
 
     steps.reset()
-    patches = Patches()
-    training.install(patches)
     try:
-        yield patches
+        with installed(training.install) as patches:
+            yield patches
     finally:
-        patches.restore()
         steps.reset()
 
 

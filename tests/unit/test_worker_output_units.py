@@ -18,11 +18,11 @@ from __future__ import annotations
 import io
 import logging
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.support.logging_capture import otel_handler_on_root
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._torch.output.lines import TAIL_LINES, Limits, Lines
 from torchelastic_otel._torch.patches import Patches
@@ -98,21 +98,6 @@ def test_output_lost_before_the_record_process_is_counted_and_never_glued() -> N
 # ---- worker_logging --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def captured(otel: Any) -> Iterator[Any]:
-    """The logging capture installed with the bridge's in-memory pipeline; the root logger saved and restored."""
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    root.handlers.clear()
-    patches = Patches()
-    worker_logging.install(patches, lambda: None)
-    try:
-        yield otel
-    finally:
-        patches.restore()
-        root.handlers[:], root.level = saved
-
-
 def bodies(otel: Any) -> list[str]:
     return [r.body for r in otel.log_records()]
 
@@ -161,18 +146,7 @@ def test_uninstall_restores_call_handlers(otel: Any) -> None:
 def test_nothing_is_captured_while_opentelemetrys_handler_is_on_the_root(captured: Any) -> None:
     """Logging auto-instrumentation puts OpenTelemetry's ``LoggingHandler`` on the root logger: each record would
     otherwise be exported twice."""
-    import warnings
-
-    from opentelemetry.sdk._logs import LoggingHandler
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        handler = LoggingHandler(logger_provider=captured.logger_provider)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    try:
+    with otel_handler_on_root(captured.logger_provider):
         logging.getLogger("script").warning("exported by the root's handler")
-    finally:
-        root.removeHandler(handler)
     logging.getLogger("script").warning("exported by the bridge")
     assert bodies(captured) == ["exported by the root's handler", "exported by the bridge"]

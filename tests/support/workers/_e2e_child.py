@@ -64,6 +64,17 @@ PROMETHEUS_VALUES = (
 )
 
 
+def _train_a_step_then_fail_one() -> None:
+    """torch's metrics handed to OpenTelemetry; a ``Trainer`` step that succeeds, then one that raises (caught)."""
+    metrics.configure(metrics.OtelMetricHandler())
+    trainer = Trainer()
+    trainer.train_step(False)
+    try:
+        trainer.train_step(True)
+    except ValueError:
+        pass
+
+
 def _result(**data: object) -> None:
     print("E2E_RESULT " + json.dumps(data, sort_keys=True), flush=True)
 
@@ -97,15 +108,8 @@ def workload(tracer_provider=None) -> dict:  # type: ignore[no-untyped-def]
     from torchelastic_otel import events
     from torchelastic_otel.events import Event, EventSource
 
-    metrics.configure(metrics.OtelMetricHandler())
     events.configure(events.OtelEventHandler())
-
-    trainer = Trainer()
-    trainer.train_step(False)
-    try:
-        trainer.train_step(True)
-    except ValueError:
-        pass
+    _train_a_step_then_fail_one()
     metrics.put_metric("workers.default.remaining_restarts", 3, "torchelastic")
     metrics.put_metric("SimpleElasticAgent._rendezvous.duration.ms", 1500, "torchelastic")
     metrics.put_metric("loss", 0.25, "app")
@@ -250,13 +254,7 @@ def main(scenario: str) -> None:
         from torchelastic_otel import events
         from torchelastic_otel.events import Event, EventSource
 
-        metrics.configure(metrics.OtelMetricHandler())
-        trainer = Trainer()
-        trainer.train_step(False)
-        try:
-            trainer.train_step(True)
-        except ValueError:
-            pass
+        _train_a_step_then_fail_one()
         # One value for every rule of the default table (see torchelastic_otel.metrics.rules).
         for name, value in PROMETHEUS_VALUES:
             metrics.put_metric(name, value, "torchelastic")

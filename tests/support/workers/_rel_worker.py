@@ -24,6 +24,8 @@ import signal
 import sys
 import time
 
+from _shared import timed_all_reduce
+
 EARLY = 5
 
 
@@ -35,15 +37,10 @@ def mark(name: str, **fields: object) -> None:
 
 
 def steps(args: argparse.Namespace) -> None:
-    import torch
     import torch.distributed as dist
     from torch.distributed.elastic import events, metrics
 
-    @metrics.prof(group="trainer")
-    def train_step(value: float) -> float:
-        tensor = torch.tensor([value])
-        dist.all_reduce(tensor)
-        return float(tensor.item())
+    train_step = timed_all_reduce()
 
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")

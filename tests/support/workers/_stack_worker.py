@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
+from _shared import flush_and_exit
 from opentelemetry import trace
 from torch.distributed.elastic import events, metrics
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -110,12 +110,7 @@ def _main(argv: list[str] | None) -> None:
     if rank == args.fail_always_rank or (rank == args.fail_once_rank and restart == 0):
         raise RuntimeError(f"stack worker rank {rank} failed (restart {restart})")
 
-    import torchelastic_otel
-
-    torchelastic_otel.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    flush_and_exit()
 
 
 if __name__ == "__main__":

@@ -16,10 +16,11 @@ At the end each rank prints ``straggler_worker rank R: steps N, median step S ms
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
+
+from _shared import add_go_options, exit_after_gloo, go_given, sleepy_model
 
 
 def load_batch(step: int) -> None:
@@ -31,10 +32,7 @@ def main() -> None:
     parser.add_argument("--base", type=float, default=0.2)
     parser.add_argument("--extra", type=float, default=0.1)
     parser.add_argument("--slow-rank", type=int, default=2)
-    parser.add_argument("--min-steps", type=int, default=20)
-    parser.add_argument("--max-steps", type=int, default=600)
-    parser.add_argument("--check-every", type=int, default=10)
-    parser.add_argument("--go", required=True)
+    add_go_options(parser, max_steps=600)
     parser.add_argument("--died", help="the slow rank dies on --go, writing when to this file")
     args = parser.parse_args()
 
@@ -44,30 +42,18 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    delay = args.base + (args.extra if rank == args.slow_rank else 0.0)
-
-    class Model(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.hidden = torch.nn.Linear(64, 64)
-            self.out = torch.nn.Linear(64, 1)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            time.sleep(delay)  # the forward's work; the slow rank's takes longer
-            return self.out(torch.relu(self.hidden(x)))
+    delay = args.base + (args.extra if rank == args.slow_rank else 0.0)  # the slow rank's forward takes longer
 
     torch.manual_seed(0)
-    model = DDP(Model())
+    model = DDP(sleepy_model(64, delay))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     ends: list[float] = []
     step = 0
     while step < args.max_steps:
-        if step >= args.min_steps and step % args.check_every == 0:
-            flag = torch.tensor([1.0 if os.path.exists(args.go) else 0.0])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() > 0 and args.died is None:
+        if go_given(step, args):
+            if args.died is None:
                 break
-            if flag.item() > 0 and rank == args.slow_rank:
+            if rank == args.slow_rank:
                 with open(args.died, "w") as out:
                     out.write(str(time.time_ns()))
                 load_batch(step)
@@ -80,10 +66,7 @@ def main() -> None:
     durations = [b - a for a, b in zip(ends, ends[1:], strict=False)]
     median = statistics.median(durations) * 1000 if durations else 0.0
     sys.stdout.write(f"straggler_worker rank {rank}: steps {step}, median step {median:.1f} ms\n")
-    sys.stdout.flush()
-    dist.destroy_process_group()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_after_gloo()
 
 
 if __name__ == "__main__":

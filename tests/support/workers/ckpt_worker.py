@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
+
+from _shared import flush_and_exit
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,12 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         dist.destroy_process_group()
 
-    import torchelastic_otel
-
-    torchelastic_otel.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    flush_and_exit()
 
 
 if __name__ == "__main__":

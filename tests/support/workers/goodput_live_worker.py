@@ -15,9 +15,10 @@ seconds of its steps (from its first input to its last optimizer step) -- and ex
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
+
+from _shared import add_go_options, exit_after_gloo, go_given, sleepy_model
 
 
 def main() -> None:
@@ -25,10 +26,7 @@ def main() -> None:
     parser.add_argument("--input", type=float, default=0.04)
     parser.add_argument("--compute", type=float, default=0.06)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--min-steps", type=int, default=20)
-    parser.add_argument("--max-steps", type=int, default=3000)
-    parser.add_argument("--check-every", type=int, default=10)
-    parser.add_argument("--go", required=True)
+    add_go_options(parser, max_steps=3000)
     args = parser.parse_args()
 
     import torch
@@ -49,18 +47,8 @@ def main() -> None:
             time.sleep(args.input / args.batch)
             return torch.randn(32)
 
-    class Model(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.hidden = torch.nn.Linear(32, 32)
-            self.out = torch.nn.Linear(32, 1)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            time.sleep(args.compute)  # the forward's work
-            return self.out(torch.relu(self.hidden(x)))
-
     torch.manual_seed(rank)
-    model = DDP(Model())
+    model = DDP(sleepy_model(32, args.compute))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(SlowDataset(), batch_size=args.batch, num_workers=0)
     waited = 0.0
@@ -68,11 +56,8 @@ def main() -> None:
     step = 0
     batches = iter(loader)
     while step < args.max_steps:
-        if step >= args.min_steps and step % args.check_every == 0:
-            flag = torch.tensor([1.0 if os.path.exists(args.go) else 0.0])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() > 0:
-                break
+        if go_given(step, args):
+            break
         began = time.monotonic()
         first = first or began
         try:
@@ -88,10 +73,7 @@ def main() -> None:
         last = time.monotonic()
         step += 1
     sys.stdout.write(f"goodput_live rank {rank}: steps {step}, input {waited:.3f} s, steps {last - first:.3f} s\n")
-    sys.stdout.flush()
-    dist.destroy_process_group()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_after_gloo()
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ raises at step ``FRAMEWORK_FAIL_AT`` (default 7) unless the marker exists, which
 
 from __future__ import annotations
 
-import json
 import os
 
 # no network, ever: offline hub, no telemetry, no tokenizer download (the model comes from a config)
@@ -28,15 +27,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 import transformers
+from _framework import ATTEMPT, EVALUATE, OUT, RANK, SAVE_EVERY, STEPS, fail_once, write
 
-RANK = int(os.environ["RANK"])
-OUT = os.environ["FRAMEWORK_OUT"]
-STEPS = int(os.environ.get("FRAMEWORK_STEPS", "20"))
-SAVE_EVERY = int(os.environ.get("FRAMEWORK_SAVE_EVERY", "10"))
-ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-EVALUATE = os.environ.get("FRAMEWORK_EVAL") == "1"
-FAIL_ONCE = os.environ.get("FRAMEWORK_FAIL_ONCE")
-FAIL_AT = int(os.environ.get("FRAMEWORK_FAIL_AT", "7"))
 VOCAB, LENGTH = 128, 32
 
 
@@ -63,12 +55,10 @@ class GroundTruth(transformers.TrainerCallback):  # type: ignore[misc]
 
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         self.steps.append(state.global_step)
-        if FAIL_ONCE and RANK == 1 and state.global_step == FAIL_AT and not os.path.exists(FAIL_ONCE):
-            open(FAIL_ONCE, "w").close()
-            raise RuntimeError(f"injected failure at step {FAIL_AT}")
+        fail_once(state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # type: ignore[no-untyped-def]
-        _write(f"logged-rank{RANK}-attempt{ATTEMPT}.json", {"log_history": state.log_history})
+        write(f"logged-rank{RANK}-attempt{ATTEMPT}.json", {"log_history": state.log_history})
 
     def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
         self.saves.append(state.global_step)
@@ -80,14 +70,7 @@ class GroundTruth(transformers.TrainerCallback):  # type: ignore[misc]
         files = {step: _sizes(d) for step, d in directories.items()} if writes else {}
         record = {"rank": RANK, "steps": len(self.steps), "global_step": state.global_step, "saves": self.saves,
                   "writes": writes, "files": files}  # fmt: skip
-        _write(f"rank{RANK}.json", record)
-
-
-def _write(name: str, record: object) -> None:
-    path = os.path.join(OUT, name)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f)
-    os.replace(path + ".tmp", path)
+        write(f"rank{RANK}.json", record)
 
 
 def _sizes(directory: str) -> dict[str, int]:

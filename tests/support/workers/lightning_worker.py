@@ -17,7 +17,6 @@ every ``FRAMEWORK_SAVE_EVERY`` steps; ``FRAMEWORK_FAIL_ONCE=<marker path>``: ran
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -27,16 +26,9 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import lightning.pytorch as pl
 import torch
+from _framework import ATTEMPT, EVALUATE, OUT, RANK, SAVE_EVERY, STEPS, fail_once, write
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-RANK = int(os.environ["RANK"])
-OUT = os.environ["FRAMEWORK_OUT"]
-STEPS = int(os.environ.get("FRAMEWORK_STEPS", "20"))
-SAVE_EVERY = int(os.environ.get("FRAMEWORK_SAVE_EVERY", "10"))
-ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-EVALUATE = os.environ.get("FRAMEWORK_EVAL") == "1"
-FAIL_ONCE = os.environ.get("FRAMEWORK_FAIL_ONCE")
-FAIL_AT = int(os.environ.get("FRAMEWORK_FAIL_AT", "7"))
 FEATURES = 32
 
 
@@ -67,7 +59,7 @@ class Regressor(pl.LightningModule):
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss)
         self.logged.append([self.global_step, float(loss.item())])
-        _write(f"logged-rank{RANK}-attempt{ATTEMPT}.json", {"train_loss": self.logged})
+        write(f"logged-rank{RANK}-attempt{ATTEMPT}.json", {"train_loss": self.logged})
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -93,9 +85,7 @@ class GroundTruth(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
         self.batches += 1
-        if FAIL_ONCE and RANK == 1 and trainer.global_step == FAIL_AT and not os.path.exists(FAIL_ONCE):
-            open(FAIL_ONCE, "w").close()
-            raise RuntimeError(f"injected failure at step {FAIL_AT}")
+        fail_once(trainer.global_step)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):  # type: ignore[no-untyped-def]
         self.saves.append(trainer.global_step)
@@ -111,14 +101,7 @@ class GroundTruth(pl.Callback):
         writes = trainer.is_global_zero and sorted(files) == self.saves
         record = {"rank": RANK, "steps": self.batches, "global_step": trainer.global_step, "saves": self.saves,
                   "writes": writes, "files": files}  # fmt: skip
-        _write(f"rank{RANK}.json", record)
-
-
-def _write(name: str, record: object) -> None:
-    path = os.path.join(OUT, name)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f)
-    os.replace(path + ".tmp", path)
+        write(f"rank{RANK}.json", record)
 
 
 def main() -> None:

@@ -16,15 +16,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _shared import vm_rss
 from torch.nn.parallel import DistributedDataParallel
-
-
-def vm_rss() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 def main() -> None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
+
+from _shared import flush_and_exit, timed_all_reduce
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,16 +38,11 @@ def _main(argv: list[str] | None) -> None:
     parser.add_argument("--fail-always-rank", type=int, default=-1)
     args = parser.parse_args(argv)
 
-    import torch
     import torch.distributed as dist
     from opentelemetry import trace
     from torch.distributed.elastic import events, metrics
 
-    @metrics.prof(group="trainer")
-    def train_step(value: float) -> float:
-        tensor = torch.tensor([value])
-        dist.all_reduce(tensor)
-        return float(tensor.item())
+    train_step = timed_all_reduce()
 
     rank = int(os.environ["RANK"])
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -73,12 +69,7 @@ def _main(argv: list[str] | None) -> None:
     finally:
         dist.destroy_process_group()
 
-    import torchelastic_otel
-
-    torchelastic_otel.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    flush_and_exit()
 
 
 if __name__ == "__main__":
