@@ -73,6 +73,8 @@ def test_the_live_view_follows_a_job_to_its_end(tmp_path: Path) -> None:
     html = tmp_path / "report.html"
     files.mkdir()
     env = clean_env(OMP_NUM_THREADS="1", NO_COLOR="1")
+    for size in ("COLUMNS", "LINES"):  # pytest-xdist's workers set 80 x 24: the view is to take tmux's size
+        env.pop(size, None)
     follower = (
         f"{shlex.quote(sys.executable)} -m torchelastic_otel.report --follow --interval 0.5 "
         f"--html {shlex.quote(str(html))} {shlex.quote(str(files))}; echo $? > {shlex.quote(str(rc))}"

@@ -21,6 +21,10 @@ from tests.support.env import files_env
 from tests.support.jobs import report_run, unique_id
 from tests.support.procs import run_job
 
+#: alone, after the other files (``make test``): another file's job on the same 2 cores deschedules a rank for whole
+#: steps, and its peer's wait in the all-reduce is then real -- a communication-bound run among healthy ones
+pytestmark = pytest.mark.solo
+
 RUNS = 3
 STEPS = 20
 
