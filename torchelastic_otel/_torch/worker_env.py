@@ -48,7 +48,7 @@ stdout and stderr are its worker's fds, captured by the worker already: it captu
 
 import os
 
-from torchelastic_otel import _settings
+from torchelastic_otel import _settings, resource
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -132,6 +132,7 @@ def claim() -> str:
     identity = _identity()
     if current == WORKER and identity is not None:
         os.environ[WORKER_ENV] = " ".join((str(os.getpid()), *identity))
+        resource.remember()
     elif current == OTHER and not os.environ.get(WORKER_ENV):
         os.environ[WORKER_ENV] = str(os.getpid())
     _process.claimed = current
