@@ -13,8 +13,9 @@ From the workers' own telemetry (``torchelastic_otel._torch.worker.steps`` / ``c
     rank's or more,
   - and later than it by ``STRAGGLER_DELAY`` (10 %) of the attempt's median step or more (a ratio of two
     sub-millisecond arrivals is no delay: the step is what a straggler slows),
-  - in more than ``STRAGGLER_MOST`` (half) of its steps: the steps it arrived later than the median rank's
-    median plus that delay, estimated in its histogram's buckets,
+  - in more than ``STRAGGLER_MOST`` (two thirds) of its steps: the steps it arrived later than the median rank's
+    median plus that delay, estimated in its histogram's buckets (a slow node is late in nearly every step; a rank
+    that the OS deschedules now and then on a busy machine, in about half of them),
   - over ``STRAGGLER_MIN_STEPS`` (10) steps at least.
 
   Step time (``torchelastic.worker.step.duration``) is shown beside it: it is the same for every rank of a
@@ -72,7 +73,7 @@ STRAGGLER_RATIO = 1.2
 #: A straggler's median arrival is this share of the attempt's median step or more behind the median rank's ...
 STRAGGLER_DELAY = 0.10
 #: ... in more than this share of its steps ...
-STRAGGLER_MOST = 0.5
+STRAGGLER_MOST = 2 / 3
 #: ... over this many steps at least.
 STRAGGLER_MIN_STEPS = 10
 ARRIVAL = names.WORKER_STEP_ARRIVAL
