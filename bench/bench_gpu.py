@@ -54,6 +54,8 @@ def _rounds(name: str, env: dict[str, str], rounds: int, measure: str, **kwargs:
                 began = time.perf_counter()
                 done, _, truth = run_job(f"{name}-{i}-{bridged}", env, Path(directory), bridged=bridged, **kwargs)
                 wall = time.perf_counter() - began
+                print(f"  {name} round {i} {'bridged' if bridged else 'plain  '} exit {done.returncode} {wall:.2f} s",
+                      flush=True)  # fmt: skip
                 codes[bridged].add(done.returncode)
                 if measure == "job":
                     out[bridged].append(wall)
@@ -69,12 +71,19 @@ def _rounds(name: str, env: dict[str, str], rounds: int, measure: str, **kwargs:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", choices=["events", "launch", "gpu-bound", "fail-once"], action="append",
+                        help="measure only these (repeatable); default: all")  # fmt: skip
     args = parser.parse_args()
-    _event_cost()
-    _rounds("launch", {"GPU_MODE": "launch", "GPU_STEPS": "1500"}, args.rounds, "step")
-    _rounds("gpu-bound", {"GPU_MODE": "compute", "GPU_SYNC_EVERY": "50", "GPU_STEPS": "300"}, max(2, args.rounds - 1),
-            "step")  # fmt: skip
-    _rounds("fail-once", {"GPU_MODE": "failonce", "GPU_STEPS": "60"}, args.rounds, "job", nproc=2, restarts=1)
+    chosen = set(args.only or ["events", "launch", "gpu-bound", "fail-once"])
+    if "events" in chosen:
+        _event_cost()
+    if "launch" in chosen:
+        _rounds("launch", {"GPU_MODE": "launch", "GPU_STEPS": "1500"}, args.rounds, "step")
+    if "gpu-bound" in chosen:
+        _rounds("gpu-bound", {"GPU_MODE": "compute", "GPU_SYNC_EVERY": "50", "GPU_STEPS": "300"},
+                max(2, args.rounds - 1), "step")  # fmt: skip
+    if "fail-once" in chosen:
+        _rounds("fail-once", {"GPU_MODE": "failonce", "GPU_STEPS": "60"}, args.rounds, "job", nproc=2, restarts=1)
 
 
 if __name__ == "__main__":

@@ -142,7 +142,8 @@ def failonce() -> None:
 
 
 def main() -> None:
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # ranks share the devices there are: two ranks on a one-GPU machine both use cuda:0
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     started = time.time()
     if MODE == "failonce":
         failonce()
