@@ -42,12 +42,13 @@ test: bytecode lint docs stack-deps browser-deps tmux-deps
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not solo" --hypothesis-profile=full
 	$(PY) -m pytest -q -m solo --hypothesis-profile=full
 
-# The tests that run in one process (tests/unit, less the ones marked as starting processes; tests/jobs and
-# tests/stack are not even imported): under a minute, the fuzz tests trying a tenth of their examples (Hypothesis
-# profile `fast`, tests/conftest.py). `make test` runs everything: the torchrun jobs (tests/jobs), the servers
-# (tests/stack), the browser, and every example (profile `full`).
+# The unit tests (tests/unit, less the ones marked as starting processes; tests/jobs and tests/stack are not even
+# imported), in TEST_JOBS processes (tests shared out one by one: a unit test's fixtures are cheap), the fuzz tests
+# trying a tenth of their examples (Hypothesis profile `fast`, tests/conftest.py). `make test` runs everything: the
+# torchrun jobs (tests/jobs), the servers (tests/stack), the browser, and every example (profile `full`).
 test-fast: bytecode
-	$(PY) -m pytest -q -m "not jobs and not stack and not browser" --hypothesis-profile=fast tests/unit
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not jobs and not stack and not browser" \
+		--hypothesis-profile=fast tests/unit
 
 # The docs site (mkdocs.yml, docs/) into site/. --strict: a broken link or anchor, a page left out of the nav, any
 # warning fails the build (not with --quiet, which hides the warnings from --strict too).

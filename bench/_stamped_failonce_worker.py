@@ -5,6 +5,9 @@
 (``TORCHELASTIC_RESTART_COUNT`` 0) rank 1 raises at step 20, so rank 0 is in an all-reduce when its peer dies
 (gloo raises in it, or the agent's SIGTERM comes first); the next attempt runs its 60 steps and returns.
 
+With ``--cuda`` the all-reduced tensor is on the rank's GPU (ranks share the GPUs there are) and each step waits
+for it (``torch.cuda.synchronize``), as the GPU job does; ``cuda`` is stamped once CUDA is initialised.
+
 With ``--records`` it records like a script that uses torch's elastic APIs (an event to the "otel" destination and a
 metric at its start, a metric a step), so that a bridged worker has something of its own to export and flush.
 
@@ -27,6 +30,7 @@ import sys  # noqa: E402
 RANK = int(os.environ.get("RANK", "0"))
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 RECORDS = "--records" in sys.argv[1:]
+CUDA = "--cuda" in sys.argv[1:]
 STEPS = 60
 
 
@@ -63,12 +67,20 @@ def main() -> None:
     if RECORDS:
         events.record(events.Event("bench.stamped.started", events.EventSource.WORKER, metadata={"rank": RANK}), "otel")
         metrics.put_metric("bench.stamped.attempts", 1, "bench")
+    device = "cpu"
+    if CUDA:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}"
+        torch.cuda.set_device(device)
+        torch.ones(1, device=device)  # the context, before the process group
+        stamp("cuda")
     dist.init_process_group("gloo")
     stamp("initialized")
-    x = torch.ones(1 << 16)
+    x = torch.ones(1 << 16, device=device)
     for step in range(STEPS):
         dist.all_reduce(x)
         x.div_(2)
+        if CUDA:
+            torch.cuda.synchronize()
         if RECORDS:
             metrics.put_metric("bench.stamped.step", step, "bench")
         if step == 0:

@@ -1,7 +1,7 @@
 """Where a fail-once job's time goes, plain torchrun vs bridged: its wall time cut into stretches by time stamps.
 
-``.venv/bin/python bench/bench_failonce_stretches.py [--rounds 5] [--records] [--kinds plain,live,down]``. A report,
-not a test: it exits 0 and prints PASS/MISS for the target (live - plain <= 0.5 s, medians).
+``.venv/bin/python bench/bench_failonce_stretches.py [--rounds 5] [--records] [--cuda] [--kinds plain,live,down]``.
+A report, not a test: it exits 0 and prints PASS/MISS for the target (live - plain <= 0.5 s, medians).
 
 The job: ``bench/_stamped_failonce_worker.py`` (the GPU fail-once job of ``tests/support/workers/gpu_worker.py`` on
 CPU tensors; bridge-unaware), 2 workers, ``--standalone --max-restarts 1 --monitor-interval 0.1``, gloo, with
@@ -78,6 +78,7 @@ STRETCHES = [
     ("a0 spawn", "a0.process"),
     ("a0 interp", "a0.first_line"),
     ("a0 import", "a0.imported"),
+    ("a0 cuda", "a0.cuda"),
     ("a0 init", "a0.initialized"),
     ("a0 run", "a0.raise"),
     ("failure", "sigterm"),
@@ -86,6 +87,7 @@ STRETCHES = [
     ("a1 spawn", "a1.process"),
     ("a1 interp", "a1.first_line"),
     ("a1 import", "a1.imported"),
+    ("a1 cuda", "a1.cuda"),
     ("a1 init", "a1.initialized"),
     ("a1 run", "a1.end"),
     ("worker exit", "finished"),
@@ -156,12 +158,14 @@ def stretches(marks: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def run_job(kind: str, env: dict[str, str], log: Path, records: bool) -> tuple[float, float, float, int | None, str]:
+def run_job(
+    kind: str, env: dict[str, str], log: Path, worker_args: list[str]
+) -> tuple[float, float, float, int | None, str]:
     """Start and end (``time.time()``), CPU seconds of the process tree that was reaped (the launcher, the agent,
     the workers), exit code (None: stopped after JOB_TIMEOUT) and output of one job."""
     launcher = "torch.distributed.run" if kind == "plain" else "torchelastic_otel.run"
     env = dict(env)
-    cmd = [sys.executable, "-m", launcher, *ARGS, str(WORKER), *(["--records"] if records else [])]
+    cmd = [sys.executable, "-m", launcher, *ARGS, str(WORKER), *worker_args]
     with open(log, "wb") as out:
         started = time.time()
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
@@ -199,6 +203,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--records", action="store_true", help="the workers record through torch's elastic APIs")
+    parser.add_argument("--cuda", action="store_true", help="all-reduce CUDA tensors (needs a GPU)")
     parser.add_argument("--kinds", default="plain,live,down")
     parser.add_argument("--keep", help="a folder to keep each job's output in")
     parser.add_argument("--variant", action="append", default=[],
@@ -212,7 +217,8 @@ def main() -> int:
     cpu_parts: dict[str, dict[str, list[float]]] = {k: {name: [] for name, _ in STRETCHES} for k in kinds}
     bad: list[str] = []
     compileall.compile_dir(str(REPO / "torchelastic_otel"), quiet=1)  # as pip does (see the docstring)
-    print(f"fail-once job: {WORKER.name}{' --records' if opts.records else ''}, {' '.join(ARGS)}; "
+    worker_args = (["--records"] if opts.records else []) + (["--cuda"] if opts.cuda else [])
+    print(f"fail-once job: {' '.join([WORKER.name, *worker_args])}, {' '.join(ARGS)}; "
           f"{rounds} rounds of {', '.join(kinds)}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp, OtlpReceiver() as rx:
         folder = Path(opts.keep or tmp)
@@ -221,7 +227,7 @@ def main() -> int:
         for round_ in range(rounds):
             for kind in kinds:
                 log = folder / f"{kind}-{round_}.log"
-                started, reaped, cpu, code, output = run_job(kind, environments[kind], log, opts.records)
+                started, reaped, cpu, code, output = run_job(kind, environments[kind], log, worker_args)
                 with open(log, "a") as fh:
                     fh.write(f"LAUNCH start={started:.6f} reaped={reaped:.6f} code={code}\n")
                 if code != 0:

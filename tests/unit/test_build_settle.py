@@ -46,20 +46,20 @@ def _ends_within(thread: threading.Thread, seconds: float) -> float | None:
 
 
 def test_a_deferred_build_waits_a_while_after_the_imports(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    module = _import_with_waiter(tmp_path, monkeypatch, "_teo_settle_after", settle=1.0)
+    module = _import_with_waiter(tmp_path, monkeypatch, "_teo_settle_after", settle=0.5)
     assert module.WAITING_DURING_IMPORT
     assert module.waiter.is_alive()  # the import is over: the rest of the start-up goes on without the build
     took = _ends_within(module.waiter, 20.0)
-    assert took is not None and took >= 0.5, took
+    assert took is not None and took >= 0.25, took
 
 
 def test_an_import_meanwhile_starts_the_settling_again(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    module = _import_with_waiter(tmp_path, monkeypatch, "_teo_settle_again", settle=1.0)
-    (tmp_path / "_teo_settle_second.py").write_text("import time\ntime.sleep(1.5)  # a long import\n")
+    module = _import_with_waiter(tmp_path, monkeypatch, "_teo_settle_again", settle=0.5)
+    (tmp_path / "_teo_settle_second.py").write_text("import time\ntime.sleep(0.8)  # a long import\n")
     importlib.import_module("_teo_settle_second")  # longer than the settling: the waiter waited through it
     assert module.waiter.is_alive()
     took = _ends_within(module.waiter, 20.0)
-    assert took is not None and took >= 0.5, took
+    assert took is not None and took >= 0.25, took
 
 
 def test_asked_or_wanted_it_starts_at_once(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,7 +73,7 @@ def test_asked_or_wanted_it_starts_at_once(tmp_path: Any, monkeypatch: pytest.Mo
 
 
 def test_the_wait_is_bounded(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    module = _import_with_waiter(tmp_path, monkeypatch, "_teo_settle_bounded", settle=30.0, timeout=1.0)
+    module = _import_with_waiter(tmp_path, monkeypatch, "_teo_settle_bounded", settle=30.0, timeout=0.5)
     assert _ends_within(module.waiter, 10.0) is not None
 
 
