@@ -25,21 +25,28 @@ from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker import anatomy, checkpoints, steps
 
 torch = pytest.importorskip("torch")
-dcp = pytest.importorskip("torch.distributed.checkpoint")
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
+from tests.support.lazy import lazy  # noqa: E402
+
+dcp = lazy("torch.distributed.checkpoint")
 STATUS_ERROR = "ERROR"
-DCP_FUNCTIONS = {
-    dcp: ("save", "async_save", "save_state_dict", "load", "load_state_dict"),
-    dcp.state_dict_saver: ("save", "async_save", "save_state_dict"),
-    dcp.state_dict_loader: ("load", "load_state_dict"),
-}
+
+
+def _dcp_functions() -> dict[Any, tuple[str, ...]]:
+    """DCP's modules and the functions of each that the bridge wraps."""
+    return {
+        dcp.module(): ("save", "async_save", "save_state_dict", "load", "load_state_dict"),
+        dcp.state_dict_saver: ("save", "async_save", "save_state_dict"),
+        dcp.state_dict_loader: ("load", "load_state_dict"),
+    }
 
 
 @pytest.fixture
 def installed(otel: Any, paused_drainer: Any) -> Iterator[Any]:
     """The checkpoint wrappers installed (torch and DCP are imported: at once), the step clock new, the optimizer
     step hook registered as a worker's; all undone after."""
+    dcp.module()
     steps.reset()
     handle = register_optimizer_step_post_hook(steps.optimizer_hook)
     patches = Patches()
@@ -291,7 +298,7 @@ def _wait(predicate: Any, timeout: float = 10.0) -> bool:
 
 
 def test_install_wraps_with_the_same_signature_and_uninstall_restores_torch(otel: Any) -> None:
-    originals = {(m, a): m.__dict__[a] for m, attributes in DCP_FUNCTIONS.items() for a in attributes}
+    originals = {(m, a): m.__dict__[a] for m, attributes in _dcp_functions().items() for a in attributes}
     originals.update({(torch, "save"): torch.save, (torch, "load"): torch.load})
     originals.update({(torch.serialization, "save"): torch.save, (torch.serialization, "load"): torch.load})
     patches = Patches()
@@ -321,18 +328,19 @@ def test_a_module_not_imported_yet_is_wrapped_by_its_import_hook(otel: Any, monk
 
     from torchelastic_otel._torch import imports
 
+    package = dcp.module()  # the package object, held while sys.modules is without it
     monkeypatch.delitem(sys.modules, checkpoints.DCP)
     patches = Patches()
     checkpoints.install(patches)
     try:
         assert checkpoints.DCP in imports.pending()
-        assert not getattr(dcp.save, "__torchelastic_otel__", False)
-        checkpoints._patch_dcp(patches, dcp)  # what the import hook does once the package ran
-        assert dcp.save.__torchelastic_otel__ and dcp.state_dict_loader.load.__torchelastic_otel__
+        assert not getattr(package.save, "__torchelastic_otel__", False)
+        checkpoints._patch_dcp(patches, package)  # what the import hook does once the package ran
+        assert package.save.__torchelastic_otel__ and package.state_dict_loader.load.__torchelastic_otel__
     finally:
         patches.restore()
     assert checkpoints.DCP not in imports.pending()
-    assert not getattr(dcp.save, "__torchelastic_otel__", False)
+    assert not getattr(package.save, "__torchelastic_otel__", False)
 
 
 def test_torch_internals_the_wrappers_rely_on() -> None:

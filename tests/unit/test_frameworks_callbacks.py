@@ -7,6 +7,7 @@ bridge's. The 2-rank jobs with a restart are ``tests/jobs/test_framework_metrics
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Iterator
@@ -22,10 +23,12 @@ from torchelastic_otel._torch.worker import frameworks
 from torchelastic_otel._torch.worker.frameworks import instruments
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pl = pytest.importorskip("lightning.pytorch")
 
+from tests.support.lazy import lazy  # noqa: E402
 from tests.support.tiny_models import Regression, regression_rows  # noqa: E402  (torch first, or skip)
+
+transformers = lazy("transformers")
+pl = lazy("lightning.pytorch")
 
 STATUS_ERROR = "ERROR"
 
@@ -176,42 +179,49 @@ def test_the_users_callbacks_keep_their_order_and_ours_comes_last(installed: Any
 # ---- Lightning ------------------------------------------------------------------------------------------------------
 
 
-class _Module(pl.LightningModule):  # type: ignore[misc]
-    """Logs its training loss every step (Lightning hands it to the loggers every ``log_every_n_steps``) and its
-    validation loss per epoch; keeps what it logged (the ground truth)."""
+@functools.cache
+def _module_class() -> type:
+    """The LightningModule the tests train (a class of Lightning's, so made at first use: the file imports nothing of
+    Lightning at collection)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 1)
-        self.logged: list[tuple[int, float]] = []
+    class _Module(pl.LightningModule):  # type: ignore[misc]
+        """Logs its training loss every step (Lightning hands it to the loggers every ``log_every_n_steps``) and its
+        validation loss per epoch; keeps what it logged (the ground truth)."""
 
-    def training_step(self, batch: Any, batch_idx: int) -> Any:
-        loss = torch.nn.functional.mse_loss(self.linear(batch[0]), batch[1])
-        self.log("train_loss", loss)
-        self.logged.append((self.global_step, float(loss.item())))
-        return loss
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 1)
+            self.logged: list[tuple[int, float]] = []
 
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self.log("val_loss", torch.nn.functional.mse_loss(self.linear(batch[0]), batch[1]))
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            loss = torch.nn.functional.mse_loss(self.linear(batch[0]), batch[1])
+            self.log("train_loss", loss)
+            self.logged.append((self.global_step, float(loss.item())))
+            return loss
 
-    def test_step(self, batch: Any, batch_idx: int) -> None:
-        self.log("test_loss", torch.nn.functional.mse_loss(self.linear(batch[0]), batch[1]))
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val_loss", torch.nn.functional.mse_loss(self.linear(batch[0]), batch[1]))
 
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("test_loss", torch.nn.functional.mse_loss(self.linear(batch[0]), batch[1]))
 
-    def _loader(self) -> Any:
-        generator = torch.Generator().manual_seed(0)
-        data = torch.utils.data.TensorDataset(
-            torch.randn(64, 4, generator=generator), torch.randn(64, 1, generator=generator)
-        )
-        return torch.utils.data.DataLoader(data, batch_size=4)
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    def train_dataloader(self) -> Any:
-        return self._loader()
+        def _loader(self) -> Any:
+            generator = torch.Generator().manual_seed(0)
+            data = torch.utils.data.TensorDataset(
+                torch.randn(64, 4, generator=generator), torch.randn(64, 1, generator=generator)
+            )
+            return torch.utils.data.DataLoader(data, batch_size=4)
 
-    def val_dataloader(self) -> Any:
-        return self._loader()
+        def train_dataloader(self) -> Any:
+            return self._loader()
+
+        def val_dataloader(self) -> Any:
+            return self._loader()
+
+    return _Module
 
 
 def _lightning(tmp_path: Path, **overrides: Any) -> Any:
@@ -242,7 +252,7 @@ def test_lightning_logged_values_are_gauges_with_or_without_loggers(
     if logger == "csv":
         overrides["logger"] = pl.loggers.CSVLogger(str(tmp_path / "csv"))
     trainer = _lightning(tmp_path, **overrides)
-    module = _Module()
+    module = _module_class()()
     trainer.fit(module)
     final = _gauges(installed)
     # Lightning hands the loggers the loss of every second batch (log_every_n_steps=2): batches 1, 3, 5
@@ -264,7 +274,7 @@ def test_lightning_logged_values_are_gauges_with_or_without_loggers(
 def test_lightning_fit_validation_and_saves_are_spans(installed: Any, tmp_path: Path) -> None:
     checkpoint = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_train_steps=3, save_top_k=-1)
     trainer = _lightning(tmp_path, enable_checkpointing=True, callbacks=[checkpoint], num_sanity_val_steps=1)
-    trainer.fit(_Module())
+    trainer.fit(_module_class()())
     (fit,) = _spans(installed, names.FRAMEWORK_TRAIN)
     evaluations = _spans(installed, names.FRAMEWORK_EVALUATE)
     saves = _spans(installed, names.FRAMEWORK_SAVE)
@@ -273,7 +283,7 @@ def test_lightning_fit_validation_and_saves_are_spans(installed: Any, tmp_path: 
     for span in [*evaluations, *saves]:
         assert span.parent is not None and span.parent.span_id == fit.context.span_id, span
         assert fit.start_time <= span.start_time <= span.end_time <= fit.end_time
-    trainer.test(_Module(), dataloaders=_Module()._loader(), verbose=False)
+    trainer.test(_module_class()(), dataloaders=_module_class()()._loader(), verbose=False)
     (test,) = [s for s in _spans(installed, names.FRAMEWORK_EVALUATE) if s.attributes[names.FRAMEWORK_STAGE] == "test"]
     assert test.parent is None or test.parent.span_id != fit.context.span_id  # after fit: not inside it
     (tested,) = _gauges(installed)["torchelastic.framework.test_loss"]
@@ -331,7 +341,7 @@ def test_the_setting_turns_it_off_and_uninstall_restores_the_frameworks(
 
 
 def test_lightning_a_validation_that_raises_ends_its_spans_with_error(installed: Any, tmp_path: Path) -> None:
-    class Failing(_Module):
+    class Failing(_module_class()):  # type: ignore[misc]
         def validation_step(self, batch: Any, batch_idx: int) -> None:
             raise ValueError("bad validation")
 

@@ -14,10 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.lazy import lazy
 from torchelastic_otel import _names as names
 from torchelastic_otel import resource
 
-environment = pytest.importorskip("accelerate.utils.environment")
+environment = lazy("accelerate.utils.environment")
 
 TORCHRUN = {
     "RANK": "3",
