@@ -33,13 +33,14 @@ import pytest
 from tests.support import WORKERS
 from tests.support.env import clean_env, files_env
 from tests.support.jobs import BIN, OTEL_INSTRUMENT, failure_report, report_run
+from tests.support.lazy import require
 from tests.support.procs import run_job
 from tests.support.waiting import wait_for
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import otlpjson
 from torchelastic_otel.report.records import Telemetry
 
-pytest.importorskip("accelerate")
+require("accelerate")
 
 ACCELERATE = BIN / "accelerate"
 WORKER = WORKERS / "accelerate_worker.py"

@@ -14,16 +14,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.support import ROOT, WORKERS
 from tests.support.env import otlp_env
 from tests.support.jobs import TORCHELASTIC_OTEL, c10d_args, is_worker, unique_id
+from tests.support.lazy import require
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.procs import Job, run_job
 from torchelastic_otel import _names as names
 
-pytest.importorskip("torch.distributed.checkpoint")
+require("torch.distributed.checkpoint")
 
 WORKER = WORKERS / "ckpt_worker.py"
 RANKS = 2

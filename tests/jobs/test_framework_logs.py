@@ -30,10 +30,10 @@ import pytest
 from tests.support import WORKERS
 from tests.support.env import clean_env, files_env
 from tests.support.jobs import SEVERITY_ERROR, SEVERITY_INFO, SEVERITY_WARN, launcher, unique_id
+from tests.support.lazy import require
 from tests.support.procs import run_job
 
-pytest.importorskip("transformers")
-pytest.importorskip("lightning")
+require("transformers", "lightning")
 
 RANKS = 2
 WORKER = WORKERS / "logs_framework_worker.py"

@@ -21,13 +21,13 @@ import pytest
 from tests.support import WORKERS
 from tests.support.env import clean_env, files_env
 from tests.support.jobs import launcher, report_run, unique_id
+from tests.support.lazy import require
 from tests.support.procs import run_job
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import otlpjson
 from torchelastic_otel.report.records import Point, Span, Telemetry
 
-pytest.importorskip("transformers")
-pytest.importorskip("lightning")
+require("transformers", "lightning")
 
 RANKS = 2
 STEPS, SAVE_EVERY = 20, 10

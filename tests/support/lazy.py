@@ -9,13 +9,14 @@ top would skip the file.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-__all__ = ["Lazy", "lazy"]
+__all__ = ["Lazy", "lazy", "require"]
 
 
 class Lazy:
@@ -39,3 +40,16 @@ class Lazy:
 def lazy(name: str) -> Any:
     """The module ``name``, imported when a test first reads an attribute of it."""
     return Lazy(name)
+
+
+def require(*names: str) -> None:
+    """Skip the calling test file unless every module of ``names`` is installed, as ``pytest.importorskip`` does,
+    without importing them (a file whose jobs run the frameworks in their own processes needs them installed, not
+    imported)."""
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package missing or broken
+            found = False
+        if not found:
+            pytest.skip(f"could not import {name!r}: not installed", allow_module_level=True)
