@@ -7,7 +7,7 @@ return codes) and ``torch.cuda`` (a fake module: ``is_initialized``, ``device_co
 ``get_device_properties``, numbering the machine's devices as the CUDA runtime does under
 ``CUDA_VISIBLE_DEVICES``). The SDK, the instruments, their callbacks and the pipeline are real; so is
 ``nvidia-ml-py`` itself in the test that loads it on this driverless machine. A collection runs on a thread of its
-own, as the SDK's reader does: the module never initialises NVML on the main thread.
+own, as the SDK's reader does: the module never initialises NVML on the main thread, nor in a flush or a shutdown.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tests.support.installed import installed as patches_installed
 from tests.support.otel import metric_of, points_of
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
+from torchelastic_otel._export import bounded
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker import devices
 
@@ -315,6 +316,66 @@ def test_the_main_thread_never_initialises_nvml(installed: Any, monkeypatch: pyt
     collect(installed)
     assert [thread for function, thread in machine.calls if function == "nvmlInit"] == ["reader"]
     assert len(installed.metric_points(names.HW_POWER)) == 1  # once initialised, the main thread reads too
+
+
+def test_a_flush_never_initialises_nvml(installed: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collection in a bounded flush (an exit, a SIGTERM's final words) off the main thread reads nothing rather
+    than wait for the driver to open: a process on its way out is not held up for one last reading."""
+    machine = _machine()
+    machine.gpus[0].reserved = GIB
+    _plug(monkeypatch, machine)
+    out: list[Any] = []
+    assert bounded.run_bounded(lambda: out.append(installed.reader.get_metrics_data()) or True, 30_000) is True
+    assert len(out) == 1 and points_of(out[0], names.HW_POWER) == [] and machine.calls == []
+    assert not bounded.flushing()  # the flush is over: its mark is gone with it
+    collect(installed)  # the next periodic collection opens it
+    assert [thread for function, thread in machine.calls if function == "nvmlInit"] == ["reader"]
+
+
+def test_a_shutdown_s_last_collection_never_initialises_nvml(installed: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's periodic reader collects a last time on its own thread when its provider shuts down; while the
+    bridge shuts its pipeline down, that collection does not open the driver either."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, PeriodicExportingMetricReader
+
+    class Exporter(MetricExporter):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.threads: list[str] = []
+
+        def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+            self.threads.append(threading.current_thread().name)
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            pass
+
+    def shut_down(inside: bool) -> tuple[list[tuple[str, str]], list[str]]:
+        """A provider with the GPU instruments and a periodic reader that never ticks, shut down; NVML's calls and the
+        exports' threads."""
+        machine = _machine()
+        machine.gpus[0].reserved = GIB
+        _plug(monkeypatch, machine)
+        exporter = Exporter()
+        provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(exporter, 3_600_000)])
+        devices._create(provider.get_meter("test"))  # the instruments the bridge makes on its pipeline's provider
+        provider.get_meter("test").create_counter("c").add(1)  # something to export in any case
+        if inside:
+            with bounded.shutting_down():
+                provider.shutdown()
+        else:
+            provider.shutdown()
+        return machine.calls, exporter.threads
+
+    calls, threads = shut_down(inside=True)
+    assert threads and threading.current_thread().name not in threads  # the last collection: the reader's thread
+    assert calls == []
+    assert not bounded.flushing()
+    calls, threads = shut_down(inside=False)  # the same, not inside the bridge's shutdown: it would open the driver
+    assert [function for function, _ in calls].count("nvmlInit") == 1
 
 
 # ---- without NVML ---------------------------------------------------------------------------------------------------

@@ -8,10 +8,11 @@ timed out, later ones wait at most ``DOWN_WAIT_MILLIS``: a dying job is not held
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchelastic_otel import _compat
@@ -19,7 +20,47 @@ from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._export import health as _health
 from torchelastic_otel._settings import DOWN_WAIT_MILLIS, EXIT_TIMEOUT_MILLIS
 
-__all__ = ["run_bounded", "bounded_flush", "backend_down"]
+__all__ = ["run_bounded", "bounded_flush", "backend_down", "flushing", "shutting_down"]
+
+
+class _Flushes:
+    """Which threads run a bounded flush or shutdown now, and how many shutdowns are under way in the process."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.shutdowns = 0
+
+
+_flushes = _Flushes()
+
+
+def flushing() -> bool:
+    """Whether telemetry is wanted now rather than on the next period: this thread runs a bounded flush or shutdown
+    (:func:`run_bounded`), or a shutdown of the bridge's providers is under way (whose periodic reader collects a last
+    time on its own thread). Most often a process on its way out: a collection callback then reads what is at hand
+    and starts nothing slow (opening a device driver)."""
+    return _flushes.shutdowns > 0 or bool(getattr(_flushes.local, "flushing", False))
+
+
+@contextlib.contextmanager
+def shutting_down() -> Iterator[None]:
+    """A shutdown of providers, while the block runs (:func:`flushing` is true on every thread meanwhile)."""
+    _flushes.shutdowns += 1
+    try:
+        yield
+    finally:
+        _flushes.shutdowns -= 1
+
+
+def _marked(fn: Callable[[], bool]) -> Callable[[], bool]:
+    def call() -> bool:
+        _flushes.local.flushing = True
+        try:
+            return fn()
+        finally:
+            _flushes.local.flushing = False
+
+    return call
 
 
 def run_bounded(fn: Callable[[], bool], timeout_millis: int, give_up: Callable[[], bool] | None = None) -> bool | None:
@@ -31,6 +72,7 @@ def run_bounded(fn: Callable[[], bool], timeout_millis: int, give_up: Callable[[
     own timeouts: late rather than lost.
     """
     result: list[bool] = []
+    fn = _marked(fn)
     thread = threading.Thread(target=lambda: result.append(fn()), name="torchelastic-otel-flush", daemon=True)
     try:
         thread.start()
@@ -147,3 +189,4 @@ def user_timeout(timeout_millis: Any, default: int) -> int:
 
 def after_fork_in_child() -> None:
     _down[0] = False
+    _flushes.shutdowns = 0  # the parent's shutdown in progress is not the child's

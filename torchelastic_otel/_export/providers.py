@@ -362,10 +362,11 @@ class _Bounded:
     def shutdown(self, *args: object, **kwargs: object) -> object:
         """Flush (bounded), then the SDK's shutdown, within the exit bound once the backend is down; what the
         batch queues and the exports in flight still held then is counted as dropped (``shutdown_timeout``)."""
-        self.force_flush()
-        timeout = _settings.DOWN_WAIT_MILLIS if _bounded.backend_down() else _settings.EXIT_TIMEOUT_MILLIS
-        # A mixin: super() is the SDK's provider class, which the type checker cannot see from here.
-        done = _bounded.run_bounded(lambda: super(_Bounded, self).shutdown(*args, **kwargs) or True, timeout)  # type: ignore[misc]
+        with _bounded.shutting_down():
+            self.force_flush()
+            timeout = _settings.DOWN_WAIT_MILLIS if _bounded.backend_down() else _settings.EXIT_TIMEOUT_MILLIS
+            # A mixin: super() is the SDK's provider class, which the type checker cannot see from here.
+            done = _bounded.run_bounded(lambda: super(_Bounded, self).shutdown(*args, **kwargs) or True, timeout)  # type: ignore[misc]
         if done is None:
             lost = sum(counting.pending(p) for p in processors(self))
             lost += _health.health.in_flight().get(self._torchelastic_signal, 0)

@@ -153,11 +153,12 @@ class Pipeline:
         before its retry, and the processors' shutdown would wait for it): what it could still send has had its
         chance in the flush, and a dying process need not stop its threads tidily."""
         deadline = time.monotonic() + timeout_millis / 1000
-        self.flush(timeout_millis)
-        remaining = max(0, int((deadline - time.monotonic()) * 1000))
-        if _bounded.backend_down():
-            remaining = min(remaining, _settings.DOWN_WAIT_MILLIS)
-        return _bounded.run_bounded(self._shutdown_owned, remaining, give_up=_health.health.stuck) is not None
+        with _bounded.shutting_down():
+            self.flush(timeout_millis)
+            remaining = max(0, int((deadline - time.monotonic()) * 1000))
+            if _bounded.backend_down():
+                remaining = min(remaining, _settings.DOWN_WAIT_MILLIS)
+            return _bounded.run_bounded(self._shutdown_owned, remaining, give_up=_health.health.stuck) is not None
 
     def _shutdown_owned(self) -> bool:
         for signal, provider in self.providers().items():

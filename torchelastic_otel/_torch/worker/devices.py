@@ -28,9 +28,11 @@ CUDA's default order is not NVML's): it is mapped to NVML's device by the PCI ad
 or by its UUID where torch has no PCI fields.
 
 NVML (the ``pynvml`` module of the ``nvidia-ml-py`` package, the ``nvml`` extra) is imported and initialised once,
-lazily, by the first collection off the main thread: the main thread is the job's, and initialising NVML opens the
-driver. What it cannot give is reported as nothing and counted (``torchelastic_otel.dropped``, signal ``metrics``),
-never raised:
+lazily, by the first periodic collection (the SDK's reader thread, a Prometheus scrape): initialising NVML opens the
+driver, which neither the job's main thread nor a flush waits for -- a flush is most often a process on its way out
+(an exit, a SIGTERM, a failure), whose end would wait for the driver to open for one last reading. A process that
+ends before its first periodic collection reports no GPU reading. What NVML cannot give is reported as nothing
+and counted (``torchelastic_otel.dropped``, signal ``metrics``), never raised:
 
 - ``nvml_missing`` (``pynvml`` not installed) and ``nvml_library_missing`` (no ``libnvidia-ml``): counted once,
   never tried again;
@@ -59,6 +61,7 @@ from opentelemetry.metrics import Observation
 
 from torchelastic_otel import _names as names
 from torchelastic_otel import _selftelemetry as selftelemetry
+from torchelastic_otel._export import bounded
 from torchelastic_otel._export.meters import Observed
 from torchelastic_otel._torch.patches import Patches
 from torchelastic_otel._torch.worker import memory
@@ -198,8 +201,8 @@ def _module(nvml: _Nvml) -> object:
         return nvml.module
     if nvml.given_up or time.monotonic() < nvml.retry_at:
         return None
-    if threading.current_thread() is threading.main_thread():
-        return None  # the job's thread: a collection there (a flush) never opens the driver
+    if threading.current_thread() is threading.main_thread() or bounded.flushing():
+        return None  # the job's thread, or a flush (a process on its way out): neither waits for the driver to open
     if not nvml.lock.acquire(blocking=False):
         return None  # another collection is initialising it: never wait on it
     try:
