@@ -194,13 +194,15 @@ class _View:
     """What both the page and its JSON island are made from, computed once per job."""
 
     found: training.Training
+    assessment: goodput_mod.Assessment
     overview: nodes_mod.Overview
     layout: timeline.Grouped
     streams: list[metrics_mod.Stream]  # computed once: the charts and the table both read them
 
     @classmethod
     def of(cls, job: Job, limits: Limits) -> _View:
-        found = training.analyze(job)
+        studied = training.study(job)
+        found = studied.training
         view = nodes_mod.overview(job, found)
         layout = timeline.grouped(
             job,
@@ -211,12 +213,11 @@ class _View:
             max_groups=limits.node_groups,
             max_healthy=limits.healthy_nodes,
         )
-        return cls(found, view, layout, metrics_mod.streams(job.points))
+        return cls(found, studied.assessment, view, layout, metrics_mod.streams(job.points))
 
 
 def _job_html(job: Job, index: int, limits: Limits, view: _View) -> str:
-    found = view.found
-    assessment = goodput_mod.assess(job, found)
+    found, assessment = view.found, view.assessment
     restarts = job.restart_count
     after = f" after {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""
     parts = [

@@ -81,12 +81,12 @@ def outcome_line(job: Job, counts: hosts_mod.Counts | None = None) -> str:
 
 def _job(out: Text, tel: Telemetry, job: Job, width: int, live: bool = False) -> None:
     code = _GREEN if job.outcome == "SUCCEEDED" else _RED if job.outcome == "FAILED" else _YELLOW
-    found = training.analyze(job)
+    studied = training.study(job)
+    found, assessment = studied.training, studied.assessment
     view = nodes_mod.overview(job, found)
     out.heading(out.paint(outcome_line(job, view.counts), code))
     if view.hosts:
         out.add(f"hosts: {view.hosts}")
-    assessment = goodput_mod.assess(job, found)
     _verdict(out, assessment)
     rates = training.step_rates(job) if live else {}
     if live:

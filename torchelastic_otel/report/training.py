@@ -178,6 +178,22 @@ def analyze(job: Job) -> Training:
     return Training(_rank_steps(job, anatomy), stalls(job), _missing(job), _arrival_series(job), phases, anatomy)
 
 
+@dataclass
+class Study:
+    """A job's training as every view shows it (the terminal, the HTML, ``--json``), computed once: ``analyze``'s
+    steps, stragglers, stalls and missing ranks, and ``goodput.assess``'s goodput, phases, memory creep and verdict,
+    which reads them."""
+
+    training: Training
+    assessment: goodput_mod.Assessment
+
+
+def study(job: Job) -> Study:
+    """``analyze``, then ``goodput.assess`` of what it found: the one composition of the two."""
+    found = analyze(job)
+    return Study(found, goodput_mod.assess(job, found))
+
+
 # ---- steps and stragglers -------------------------------------------------------------------------------------
 
 
@@ -411,8 +427,8 @@ def summary(jobs: list[Job], problems: dict[str, int] | None = None) -> dict[str
 
 
 def _run_summary(job: Job) -> dict[str, object]:
-    training = analyze(job)
-    found = goodput_mod.assess(job, training)
+    studied = study(job)
+    training, found = studied.training, studied.assessment
     gp = found.goodput
     counts = hosts_mod.counts(job)
     # one root cause per restart count, not one per agent
