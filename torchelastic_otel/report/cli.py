@@ -19,12 +19,19 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchelastic_otel.report import follow, html, model, terminal, training
 from torchelastic_otel.report.otlpjson import ReportError, read
 from torchelastic_otel.report.records import Telemetry
+
+#: msgspec's JSON indenter (``_json_text``), when the ``report`` extra is installed
+_indent: Callable[..., str] | None
+try:
+    from msgspec.json import format as _indent
+except ImportError:
+    _indent = None
 
 DEFAULT_HTML = "torchelastic-report.html"
 
@@ -99,12 +106,32 @@ def _report(args: argparse.Namespace) -> int:
     with _no_cyclic_gc():
         jobs = model.build(tel)
         if args.json:
-            print(json.dumps(training.summary(jobs, dict(tel.problems.counts)), indent=2, default=str))
+            _print_text(_json_text(training.summary(jobs, dict(tel.problems.counts))))
             return _write_html(tel, jobs, Path(args.html), quiet=True) if args.html else 0
         if not args.quiet:
             width = args.width or shutil.get_terminal_size((110, 24)).columns
             print(terminal.render(tel, jobs, width=max(60, width), color=terminal.use_color(sys.stdout)))
         return _write_html(tel, jobs, Path(args.html or DEFAULT_HTML))
+
+
+def _json_text(summary: dict[str, object]) -> str:
+    """``json.dumps(summary, indent=2, default=str)``: with msgspec (the ``report`` extra), the standard library's
+    compact text (its C encoder: the indenting one is written in Python, seconds and a hundred megabytes on a large
+    run's summary) indented by msgspec, which keeps every number and string as written: the same text. A summary
+    with a ``NaN`` or an infinity (which ``json`` writes and JSON has not) is written by ``json`` alone."""
+    if _indent is not None:
+        try:
+            return _indent(json.dumps(summary, default=str), indent=2)
+        except ValueError:  # msgspec.DecodeError: not JSON (NaN, Infinity)
+            pass
+    return json.dumps(summary, indent=2, default=str)
+
+
+def _print_text(text: str, chunk: int = 1 << 20) -> None:
+    """``print(text)``, a megabyte at a time: not a second copy of a large run's summary, encoded, at once."""
+    for start in range(0, len(text), chunk):
+        sys.stdout.write(text[start : start + chunk])
+    sys.stdout.write("\n")
 
 
 @contextlib.contextmanager

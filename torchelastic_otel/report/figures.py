@@ -97,8 +97,15 @@ def _ascending(bounds: tuple[float, ...]) -> bool:
 def screen(tel: Telemetry) -> None:
     """Leave out the points of ``tel`` that are ``implausible``, each counted in ``tel.problems``."""
     points = tel.points
-    limits = _LIMITS
-    bad = [p for p in points if p.name in limits and implausible(p) is not None]
+    limit = _LIMITS.get
+    bad = [
+        p
+        for p in points
+        if (most := limit(p.name)) is not None
+        # a number point that fits (the common case, millions on a large run) on the shortest path
+        and not (p.count is None and (p.value is None or 0.0 <= p.value <= most))
+        and implausible(p) is not None
+    ]
     if not bad:
         return
     for point in bad:

@@ -312,8 +312,8 @@ def split_runs(tel: Telemetry) -> list[Job]:
     if not (tel.spans or tel.logs or tel.points):
         return []
     runs = _run_ids(tel)
-    if len(runs) <= 1:  # one run (most files): every record is its; no record-by-record sorting
-        return [Job(next(iter(runs), None), list(tel.spans), list(tel.logs), list(tel.points))]
+    if len(runs) <= 1:  # one run (most files): every record is its; no record-by-record sorting, no copy
+        return [Job(next(iter(runs), None), tel.spans, tel.logs, tel.points)]
     return _split_runs(tel)
 
 
@@ -811,10 +811,18 @@ def _consequences(job: Job) -> None:
     for attempt in job.attempts:
         if attempt.failed:
             ended[attempt.restart].update(w.rank for w in attempt.workers if w.rank is not None and w.state in _ENDED)
+    # one list for the causes that name the same: the agents of an attempt (a thousand on a large job) each hold
+    # the cause of every rank it ended, mostly the same, and each would hold a list of all of them
+    made: dict[tuple[int, int | None, frozenset[int]], list[int]] = {}
     for attempt in job.attempts:
         cause = attempt.root_cause
-        if cause is not None and ended[attempt.restart]:
-            cause.consequences = sorted((set(cause.consequences) | ended[attempt.restart]) - {cause.rank})
+        ranks = ended[attempt.restart]
+        if cause is not None and ranks:
+            key = (attempt.restart, cause.rank, frozenset(r for r in cause.consequences if r not in ranks))
+            same = made.get(key)
+            if same is None:
+                same = made[key] = sorted((ranks | key[2]) - {cause.rank})
+            cause.consequences = same
 
 
 _ENDED = ("failed", "terminated", "stopped")

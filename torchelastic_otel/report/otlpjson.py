@@ -44,7 +44,7 @@ from torchelastic_otel.report.otlpvalues import (
     point_value_of,
     string,
 )
-from torchelastic_otel.report.records import Point, Proc, SpanEvent, Telemetry
+from torchelastic_otel.report.records import Distribution, Point, Proc, SpanEvent, Telemetry
 from torchelastic_otel.report.sink import Procs, Sink
 
 __all__ = ["ReportError", "Reader", "read", "find_files"]
@@ -78,7 +78,13 @@ class ReportError(Exception):
 
 def find_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     """The files named, and those under the directories named (sorted); a missing path is a ``ReportError``."""
-    found: list[Path] = []
+    return [Path(p) for p in _find(paths)]
+
+
+def _find(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """``find_files``, each file as the text of its ``Path``: what ``read`` reads, without the ``Path`` objects (a
+    large run's hundred thousand files would hold tens of megabytes while it is read)."""
+    found: list[str] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
@@ -87,7 +93,7 @@ def find_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
                 raise ReportError(f"{path}: no OTLP JSON Lines files ({', '.join(PATTERNS)}) in this directory")
             found.extend(inside)
         elif path.is_file():
-            found.append(path)
+            found.append(str(path))
         else:
             raise ReportError(f"{path}: no such file or directory")
     if not found:
@@ -99,7 +105,7 @@ def find_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
 _SUFFIXES = tuple(pattern[1:] for pattern in PATTERNS)
 
 
-def _walk(top: Path) -> list[Path]:
+def _walk(top: Path) -> list[str]:
     """The files under ``top`` whose names match ``PATTERNS``, sorted as paths, in one walk of the tree with the
     types the directory listing gives (not an ``rglob`` a pattern and a ``stat`` a file: a large run has a hundred
     thousand files). Symbolic links are followed, each real directory once (a link cycle ends)."""
@@ -124,7 +130,10 @@ def _walk(top: Path) -> list[Path]:
                         continue
         except OSError:  # vanished or unreadable while walked: what could be listed is read
             continue
-    return [Path(p) for p in sorted(found, key=lambda p: p.split(os.sep))]  # in the order of ``Path.parts``
+    found.sort(key=lambda p: p.split(os.sep))  # in the order of ``Path.parts``
+    if str(top) == os.curdir:  # ``./a.jsonl`` as its ``Path`` writes it: ``a.jsonl``
+        return [p[len(os.curdir) + 1 :] for p in found]
+    return found
 
 
 def _head_lines(head: str, fh: IO[str]) -> Iterator[str]:
@@ -137,8 +146,41 @@ def _head_lines(head: str, fh: IO[str]) -> Iterator[str]:
         yield rest + fh.readline()
 
 
-def _open(path: Path) -> IO[str]:
-    if path.suffix == ".gz":
+#: files up to this size (bytes, not gzipped) are read whole and then split into lines: a large run has a hundred
+#: thousand small files, and a text stream per file costs more than its lines; larger ones are read as a stream
+WHOLE_BYTES = 16 * 1024 * 1024
+
+
+def _small_text(path: str) -> str | None:
+    """The text of the file at ``path`` as ``_open`` reads it (UTF-8, errors replaced, universal newlines), if it is
+    no larger than ``WHOLE_BYTES`` and not gzipped; else None (to be streamed)."""
+    if os.path.splitext(path)[1] == ".gz":
+        return None
+    with open(path, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size > WHOLE_BYTES:
+            return None
+        data = fh.read()
+    text = data.decode("utf-8", errors="replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The lines of ``text``, each with its newline (the last one's, if it has one), as a text file gives them."""
+    start, size = 0, len(text)
+    find = text.find
+    while start < size:
+        end = find("\n", start) + 1 or size
+        yield text[start:end]
+        start = end
+
+
+def _binary(head: str) -> bool:
+    """Whether a file beginning with ``head`` is binary (e.g. the Collector's protobuf file format)."""
+    return "\x00" in head or "\ufffd" in head
+
+
+def _open(path: str | Path) -> IO[str]:
+    if os.path.splitext(path)[1] == ".gz":
         return gzip.open(path, "rt", encoding="utf-8", errors="replace")
     return open(path, encoding="utf-8", errors="replace")
 
@@ -224,24 +266,32 @@ class Reader:
         self.forget()
         self._typed, self._convert = None, {}
 
-    def read_file(self, path: Path) -> None:
+    def read_file(self, path: str | Path) -> None:
         problems = self.telemetry.problems
-        self.telemetry.files.append(str(path))
+        name = str(path)
+        self.telemetry.files.append(name)
         try:
+            text = _small_text(name)
+            if text is not None:
+                if _binary(text[:256]):
+                    problems.add("not_json_lines", name, "a binary file, not UTF-8 JSON lines")
+                    return
+                for lineno, line in enumerate(_lines(text), 1):
+                    self.read_line(line, f"{name}:{lineno}")
+                return
             with _open(path) as fh:
                 head = fh.read(256)
-                if "\x00" in head or "\ufffd" in head:  # binary, e.g. the Collector's protobuf file format
-                    problems.add("not_json_lines", str(path), "a binary file, not UTF-8 JSON lines")
+                if _binary(head):
+                    problems.add("not_json_lines", name, "a binary file, not UTF-8 JSON lines")
                     return
-                name = str(path)
                 for lineno, line in enumerate(itertools.chain(_head_lines(head, fh), fh), 1):
                     self.read_line(line, f"{name}:{lineno}")
         except (OSError, EOFError, UnicodeError) as exc:  # unreadable, or a .gz cut short
-            problems.add("unreadable_file", str(path), str(exc)[:_MAX_DETAIL])
+            problems.add("unreadable_file", name, str(exc)[:_MAX_DETAIL])
 
     def read_line(self, line: str, where: str) -> None:
         problems = self.telemetry.problems
-        if not line.strip():
+        if not line or line.isspace():  # not ``strip``: a copy of every line
             return
         self.telemetry.lines += 1
         text, pinned = self._known_resource(line)
@@ -453,7 +503,7 @@ class Reader:
                     monotonic,
                     count,
                 )
-                if kind == "histogram":
+                if isinstance(point, Distribution):  # a histogram's (``Point``)
                     distribution_of(point, dp)
                     point.bounds = self.sink.shared_bounds(point.bounds)
                 out.append(point)
@@ -503,7 +553,7 @@ def read(paths: Iterable[str | os.PathLike[str]], summary: bool = False) -> Tele
     collecting = gc.isenabled()
     gc.disable()  # millions of records, none in a cycle: the cyclic collector would only rescan them again and again
     try:
-        _read_files(reader, find_files(paths))
+        _read_files(reader, _find(paths))
     finally:
         reader.close()
         if collecting:
@@ -527,7 +577,7 @@ PARALLEL_BYTES = 64 * 1024 * 1024
 _BATCH = 20_000
 
 
-def _read_files(reader: Reader, files: list[Path]) -> None:
+def _read_files(reader: Reader, files: list[str]) -> None:
     """Read ``files`` in order into ``reader``: on a machine with more than one CPU and a large input, the second
     half in a forked helper process at the same time (it pickles its records, a batch at a time, into a temporary
     file, which is then loaded after the first half: the same records in the same order as one process reads them,
@@ -551,9 +601,9 @@ def _read_files(reader: Reader, files: list[Path]) -> None:
             reader.read_file(path)
 
 
-def _size(path: Path) -> int:
+def _size(path: str) -> int:
     try:
-        return path.stat().st_size
+        return os.stat(path).st_size
     except OSError:
         return 0
 
@@ -567,7 +617,7 @@ def _parallel_worth(total: int) -> bool:
 #: the share of the bytes the helper reads, so that both halves end together (tuned on a large run, docs/scale.md:
 #: the files are read in name order, the helper's share mostly traces, cheaper a byte than logs and metrics): the
 #: helper also pickles its records, and this process then loads them, a little less work
-HELPER_SHARE = 0.50
+HELPER_SHARE = 0.56
 
 
 def _split(sizes: list[int]) -> int:
@@ -587,7 +637,7 @@ class _Helper:
         self.pid, self.path = pid, path
 
     @classmethod
-    def start(cls, files: list[Path], summary: bool = False) -> _Helper | None:
+    def start(cls, files: list[str], summary: bool = False) -> _Helper | None:
         try:
             fd, path = tempfile.mkstemp(prefix="torchelastic-report-", suffix=".pickle")
         except OSError:
@@ -636,7 +686,7 @@ class _Helper:
                 os.unlink(self.path)
 
 
-def _read_into(files: list[Path], out: IO[bytes], summary: bool = False) -> None:
+def _read_into(files: list[str], out: IO[bytes], summary: bool = False) -> None:
     """The helper's work: read ``files``, pickle the records a batch at a time, then what else was read."""
     reader = Reader(summary)
     tel = reader.telemetry

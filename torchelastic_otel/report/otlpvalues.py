@@ -9,7 +9,7 @@ import base64
 import sys
 from typing import cast
 
-from torchelastic_otel.report.records import Attrs, AttrValue, Point, SpanEvent
+from torchelastic_otel.report.records import Attrs, AttrValue, Distribution, SpanEvent
 
 # A field's value as parsed from JSON is any JSON value (``object``): each reader below checks it is what OTLP says
 # the field holds, as the library does, and raises its error (``TypeError`` / ``ValueError``) when it is not.
@@ -185,7 +185,7 @@ def point_value(
     return (float(mean) / number if number and mean is not None else None), number
 
 
-def distribution_of(point: Point, dp: dict[str, object]) -> None:
+def distribution_of(point: Distribution, dp: dict[str, object]) -> None:
     """An explicit-bucket histogram point's sum, bounds, bucket counts, min and max (``distribution``)."""
     distribution(point, dp.get("sum"), dp.get("explicitBounds"), dp.get("bucketCounts"), dp.get("min"), dp.get("max"))
 
@@ -196,7 +196,7 @@ _BOUND_TYPES, _COUNT_TYPES = frozenset((float, int, str)), frozenset((int, str))
 
 
 def distribution(
-    point: Point, total: object, raw_bounds: object, raw_buckets: object, low: object, high: object
+    point: Distribution, total: object, raw_bounds: object, raw_buckets: object, low: object, high: object
 ) -> None:
     """A histogram point's sum, bounds, bucket counts, min and max from their fields as written (buckets that do
     not match their bounds are dropped: the point keeps its mean; a negative count is kept, for ``figures`` to

@@ -111,7 +111,6 @@ class LogRecord(_Pickled):
         return self.event_name or (self.body if isinstance(self.body, str) and len(self.body) < 200 else "")
 
 
-@dataclass(slots=True)
 class Point(_Pickled):
     """One data point of a metric; ``value`` is the number a chart plots (a histogram's mean).
 
@@ -119,7 +118,13 @@ class Point(_Pickled):
     ``bounds`` (upper bounds, ascending) and ``buckets`` (one count more than bounds: the last is above the last
     bound), and ``low`` / ``high`` (its min and max, when the writer recorded them), so that a quantile can be
     interpolated (``quantile``).
+
+    Most points of a large run are numbers (a gauge's, a sum's), millions of them: such a point holds no
+    distribution (its fields read as their defaults, and cannot be set). ``Point(...)`` of a histogram, or given a
+    distribution, makes a ``Distribution``, a ``Point`` that holds one.
     """
+
+    __slots__ = ("name", "kind", "unit", "time", "value", "attrs", "proc", "monotonic", "count")
 
     name: str
     kind: str  # "gauge" | "sum" | "histogram" | "exponential_histogram" | "summary"
@@ -128,13 +133,68 @@ class Point(_Pickled):
     value: float | None
     attrs: Attrs
     proc: Proc
-    monotonic: bool = False
-    count: int | None = None
+    monotonic: bool
+    count: int | None
+    # a distribution's fields (``Distribution``): on a number point, the defaults of the class
     total: float | None = None
     bounds: tuple[float, ...] = ()
     buckets: tuple[int, ...] = ()
     low: float | None = None
     high: float | None = None
+
+    def __new__(
+        cls,
+        name: str,
+        kind: str,
+        unit: str,
+        time: int,
+        value: float | None,
+        attrs: Attrs,
+        proc: Proc,
+        monotonic: bool = False,
+        count: int | None = None,
+        total: float | None = None,
+        bounds: tuple[float, ...] = (),
+        buckets: tuple[int, ...] = (),
+        low: float | None = None,
+        high: float | None = None,
+    ) -> Point:
+        if cls is Point and (
+            kind == "histogram" or total is not None or bounds or buckets or low is not None or high is not None
+        ):
+            cls = Distribution
+        return object.__new__(cls)
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        unit: str,
+        time: int,
+        value: float | None,
+        attrs: Attrs,
+        proc: Proc,
+        monotonic: bool = False,
+        count: int | None = None,
+        total: float | None = None,
+        bounds: tuple[float, ...] = (),
+        buckets: tuple[int, ...] = (),
+        low: float | None = None,
+        high: float | None = None,
+    ) -> None:
+        self.name, self.kind, self.unit, self.time, self.value = name, kind, unit, time, value
+        self.attrs, self.proc, self.monotonic, self.count = attrs, proc, monotonic, count
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return _POINT_FIELDS(self) == _POINT_FIELDS(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value (as a dataclass)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _POINT_NAMES)
+        return f"{type(self).__name__}({fields})"
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile (0..1) of a histogram point, interpolated linearly inside the bucket where it falls
@@ -197,10 +257,43 @@ class Point(_Pickled):
         return above
 
 
+class Distribution(Point):
+    """A point with a distribution: a histogram's (``Point``)."""
+
+    __slots__ = ("total", "bounds", "buckets", "low", "high")
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        unit: str,
+        time: int,
+        value: float | None,
+        attrs: Attrs,
+        proc: Proc,
+        monotonic: bool = False,
+        count: int | None = None,
+        total: float | None = None,
+        bounds: tuple[float, ...] = (),
+        buckets: tuple[int, ...] = (),
+        low: float | None = None,
+        high: float | None = None,
+    ) -> None:
+        self.name, self.kind, self.unit, self.time, self.value = name, kind, unit, time, value
+        self.attrs, self.proc, self.monotonic, self.count = attrs, proc, monotonic, count
+        self.total, self.bounds, self.buckets, self.low, self.high = total, bounds, buckets, low, high
+
+
+#: a point's fields, in order (its ``__init__``'s)
+_POINT_NAMES = (*Point.__slots__, *Distribution.__slots__)
+_POINT_FIELDS = operator.attrgetter(*_POINT_NAMES)
+
 #: each record class's fields, in order, as one C call (``__reduce__``)
 _FIELDS: dict[type, Callable[[object], tuple[object, ...]]] = {
-    cls: operator.attrgetter(*(f.name for f in dataclasses.fields(cls))) for cls in (SpanEvent, Span, LogRecord, Point)
+    cls: operator.attrgetter(*(f.name for f in dataclasses.fields(cls))) for cls in (SpanEvent, Span, LogRecord)
 }
+_FIELDS[Point] = operator.attrgetter(*Point.__slots__)
+_FIELDS[Distribution] = _POINT_FIELDS
 
 
 @dataclass

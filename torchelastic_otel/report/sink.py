@@ -124,7 +124,10 @@ class Sink:
         #: while a line is read tentatively (``tentative``): the times of the records kept before it that folding
         #: changed (record, field, as it was)
         self._undo: list[tuple[Span | LogRecord, str, int]] | None = None
-        self._attrs: dict[tuple[tuple[str, ...], tuple[type, ...], tuple[AttrValue, ...]], Attrs] = {}
+        #: the shared attribute sets by the hash of their keys, types and values (``shared``), and those whose hash
+        #: another one had, by all of these
+        self._attrs: dict[int, Attrs] = {}
+        self._collided: dict[tuple[tuple[str, ...], tuple[type, ...], tuple[AttrValue, ...]], Attrs] = {}
         self._bounds: dict[tuple[float, ...], tuple[float, ...]] = {}
         #: trace and span ids as written -> as decoded (``_id``)
         self._ids: dict[str, str] = {}
@@ -132,7 +135,7 @@ class Sink:
     def forget(self) -> None:
         """Forget the decoded ids, the shared attribute sets and bounds (the records keep theirs), and the spans
         folded into (``restart_folds``)."""
-        self._ids, self._attrs, self._bounds = {}, {}, {}
+        self._ids, self._attrs, self._collided, self._bounds = {}, {}, {}, {}
         self.restart_folds()
 
     def restart_folds(self) -> None:
@@ -380,9 +383,17 @@ class Sink:
         read-only by contract, as every record is."""
         if not attrs:
             return EMPTY
+        keys, values = tuple(attrs), tuple(attrs.values())
+        types = tuple(map(type, values))  # 1, 1.0 and True are equal values: their types not
         try:
-            values = tuple(attrs.values())
-            key = (tuple(attrs), tuple(map(type, values)), values)  # 1, 1.0 and True are equal keys: their types not
-            return self._attrs.setdefault(key, attrs)
+            digest = hash((keys, types, values))
         except TypeError:  # a list value: not hashable, not shared
             return attrs
+        # kept by the hash of its keys, types and values: a key of three tuples for each of the hundreds of thousands
+        # of sets of a large run would take more memory than the sets; two sets of one hash are told apart by all
+        kept = self._attrs.setdefault(digest, attrs)
+        if kept is attrs or (
+            tuple(kept) == keys and tuple(kept.values()) == values and tuple(map(type, kept.values())) == types
+        ):
+            return kept
+        return self._collided.setdefault((keys, types, values), attrs)

@@ -16,11 +16,13 @@ ways and compares.
 
 from __future__ import annotations
 
+from hashlib import blake2b as _digest
+
 import msgspec
 from msgspec import UNSET, Raw, Struct, UnsetType
 
 from torchelastic_otel.report import otlpvalues as general
-from torchelastic_otel.report.records import Attrs, Point, Proc, SpanEvent
+from torchelastic_otel.report.records import Attrs, Distribution, Point, Proc, SpanEvent
 from torchelastic_otel.report.sink import Sink
 
 _NULL = Raw(b"null")  # an absent attribute list or resource: decoded as ``None``, as the general path reads it
@@ -157,10 +159,15 @@ class TypedLines:
         self._max_text = MAX_REMEMBERED_TEXT if short_texts else 1 << 62
         self._attrs: dict[bytes, Attrs] = {}
         self._procs: dict[bytes, Proc] = {}
+        #: the last data point's time as written and as read: the points of one export share their time (the
+        #: collection's), so they share one int, converted once
+        self._time: tuple[str | None, int] = (None, 0)
+        #: (process, metric, attributes) -> its last histogram point (``_share_counts``)
+        self._streams: dict[tuple[Proc, str, int], Distribution] = {}
 
     def forget(self) -> None:
         """Forget the texts seen (``Reader.forget``)."""
-        self._attrs, self._procs = {}, {}
+        self._attrs, self._procs, self._streams = {}, {}, {}
 
     def read(self, text: str, pinned: Proc | None, pinned_key: str | None) -> Line:
         """Read ``text`` (a line, its first resource perhaps cut out: then ``pinned`` is the process of the first
@@ -218,10 +225,13 @@ class TypedLines:
         return pinned if pinned is not None else self._proc(raw)
 
     def _proc(self, raw: Raw) -> Proc:
-        key = bytes(raw)
+        """The process of a resource's text, remembered by its digest: a resource is long (a worker's: some 1.5 kB),
+        read once in every file of its process, and a large run has tens of thousands of them."""
+        text = bytes(raw)
+        key = _digest(text, digest_size=16).digest()
         proc = self._procs.get(key)
         if proc is None:
-            proc = self._sink.procs.get(_DECODE_ANY(key) or {})
+            proc = self._sink.procs.get(_DECODE_ANY(text) or {})
             if len(self._procs) < MAX_REMEMBERED:
                 self._procs[key] = proc
         return proc
@@ -229,11 +239,31 @@ class TypedLines:
     def _attributes(self, raw: Raw) -> Attrs:
         key = bytes(raw)
         attrs = self._attrs.get(key)
-        if attrs is None:
-            attrs = self._sink.shared(general.attributes(_DECODE_ANY(key)))
-            if len(self._attrs) < MAX_REMEMBERED and len(key) <= self._max_text:
-                self._attrs[key] = attrs
-        return attrs
+        return attrs if attrs is not None else self._converted(key)
+
+    def _converted(self, key: bytes) -> Attrs:
+        """The attributes of a list's text not remembered yet, converted, and remembered by their text: one dict for
+        equal texts. Of a text too long to remember (``MAX_REMEMBERED_TEXT``), or past ``MAX_REMEMBERED`` texts, one
+        dict for equal sets, as the general path shares them (``Sink.shared``)."""
+        attrs = general.attributes(_DECODE_ANY(key)) or general.EMPTY
+        if len(key) > self._max_text:
+            return self._sink.shared(attrs)
+        if len(self._attrs) < MAX_REMEMBERED:
+            self._attrs[key] = attrs
+            return attrs
+        return self._sink.shared(attrs)
+
+    def _share_counts(self, point: Distribution) -> None:
+        """The bucket counts and the count of a histogram point: the objects of its stream's last point when equal
+        (a cumulative histogram that saw nothing new since the last export repeats them)."""
+        key = (point.proc, point.name, id(point.attrs))  # the attributes: one dict for equal texts, kept by records
+        last = self._streams.get(key)
+        self._streams[key] = point
+        if last is not None:
+            if last.buckets == point.buckets:
+                point.buckets = last.buckets
+            if last.count == point.count:
+                point.count = last.count
 
     # ---- items: each as ``Reader._add_span`` / ``_add_log`` / ``_add_metric`` makes it ---------------------------
 
@@ -287,30 +317,41 @@ class TypedLines:
         )
 
     def _add_metric(self, metric: _Metric, proc: Proc) -> None:
+        """A metric's points: the common case (a gauge's or a sum's double, a time already read, attributes already
+        seen) inline, millions of times on a large run; anything else as ``otlpvalues`` reads it."""
         if metric.exponential_histogram is not None or metric.summary is not None:
             raise Bail("a kind the fast path does not read")
         name, unit = metric.name, metric.unit
         name = general.intern(name if type(name) is str else general.string(name, "name"))
         unit = general.intern(unit if type(unit) is str else general.string(unit, "unit"))
-        out = self._sink.telemetry.points
+        append = self._sink.telemetry.points.append
+        known = self._attrs.get
+        time_text, time = self._time
         for kind, data in (("gauge", metric.gauge), ("sum", metric.sum), ("histogram", metric.histogram)):
             if data is None:
                 continue
             monotonic = bool(data.is_monotonic)
+            histogram = kind == "histogram"
             for dp in data.data_points:
-                number, count = general.point_value(kind, dp.as_double, dp.as_int, dp.count, dp.sum)
-                point = Point(
-                    name,
-                    kind,
-                    unit,
-                    general.int64(dp.time_unix_nano, "time_unix_nano"),
-                    number,
-                    self._attributes(dp.attributes),
-                    proc,
-                    monotonic,
-                    count,
-                )
-                if kind == "histogram":
-                    general.distribution(point, dp.sum, dp.explicit_bounds, dp.bucket_counts, dp.min, dp.max)
-                    point.bounds = self._sink.shared_bounds(point.bounds)
-                out.append(point)
+                number = dp.as_double
+                if type(number) is float and not histogram:
+                    count = None
+                else:
+                    number, count = general.point_value(kind, number, dp.as_int, dp.count, dp.sum)
+                raw_time = dp.time_unix_nano
+                if type(raw_time) is not str or raw_time != time_text:
+                    time = general.int64(raw_time, "time_unix_nano")
+                    time_text = raw_time if type(raw_time) is str else None
+                key = bytes(dp.attributes)
+                attrs = known(key)
+                if attrs is None:
+                    attrs = self._converted(key)
+                if histogram:
+                    dist = Distribution(name, kind, unit, time, number, attrs, proc, monotonic, count)
+                    general.distribution(dist, dp.sum, dp.explicit_bounds, dp.bucket_counts, dp.min, dp.max)
+                    dist.bounds = self._sink.shared_bounds(dist.bounds)
+                    self._share_counts(dist)
+                    append(dist)
+                else:
+                    append(Point(name, kind, unit, time, number, attrs, proc, monotonic, count))
+        self._time = (time_text, time)
