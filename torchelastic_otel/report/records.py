@@ -258,7 +258,8 @@ class Point(_Pickled):
 
 
 class Distribution(Point):
-    """A point with a distribution: a histogram's (``Point``)."""
+    """A point with a distribution: a histogram's (``Point``). Its parameters are ``Point``'s: ``Point(...)`` given a
+    distribution makes one."""
 
     __slots__ = ("total", "bounds", "buckets", "low", "high")
 
@@ -279,8 +280,7 @@ class Distribution(Point):
         low: float | None = None,
         high: float | None = None,
     ) -> None:
-        self.name, self.kind, self.unit, self.time, self.value = name, kind, unit, time, value
-        self.attrs, self.proc, self.monotonic, self.count = attrs, proc, monotonic, count
+        Point.__init__(self, name, kind, unit, time, value, attrs, proc, monotonic, count)
         self.total, self.bounds, self.buckets, self.low, self.high = total, bounds, buckets, low, high
 
 
