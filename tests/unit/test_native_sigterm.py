@@ -87,18 +87,37 @@ def _dump_here() -> tuple[str, int]:
         release.set()
 
 
+#: ``_dump_here`` in a process of its own: its main thread's stack is shallow there, whatever runs the tests (a
+#: pytest-xdist worker's main thread is execnet's, deep and with long paths: the stacks' text would be truncated
+#: before the helper thread)
+_READ_BACK = """
+import dataclasses, json, threading
+from tests.unit.test_native_sigterm import _dump_here
+from torchelastic_otel._process import stacks as _stacks
+dump, line = _dump_here()
+names = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+main = threading.main_thread().ident
+stacks = _stacks.from_faulthandler(dump, main, names)
+user = dataclasses.astuple(stacks.user_frame) if stacks.user_frame is not None else None
+print(json.dumps({"main": main, "line": line, "text": stacks.text, "threads": stacks.threads, "user": user}))
+"""
+
+
+@pytest.mark.jobs  # a process of its own
 def test_faulthandlers_stacks_read_back_as_the_watchers() -> None:
-    dump, line = _dump_here()
-    names = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
-    main = threading.main_thread().ident
-    stacks = _stacks.from_faulthandler(dump, main, names)
-    first = stacks.text.splitlines()[0]
-    assert first == f'Thread {main} "MainThread" (most recent call last):', stacks.text
-    assert '"data-loader" (most recent call last):' in stacks.text
-    assert "torchelastic-otel-drainer" not in stacks.text  # the bridge's own threads are not where the job was
-    assert f"line {line}, in _dump_here\n    faulthandler.dump_traceback(" in stacks.text  # source lines read back
-    assert stacks.threads >= 2  # the main thread and the helper (and a test runner's own threads)
-    assert stacks.user_frame == _stacks.UserFrame(__file__, line, "_dump_here")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _READ_BACK], cwd=root, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(root)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    text, main, line = found["text"], found["main"], found["line"]
+    first = text.splitlines()[0]
+    assert first == f'Thread {main} "MainThread" (most recent call last):', text
+    assert '"data-loader" (most recent call last):' in text
+    assert "torchelastic-otel-drainer" not in text  # the bridge's own threads are not where the job was
+    assert f"line {line}, in _dump_here\n    faulthandler.dump_traceback(" in text  # source lines read back
+    assert found["threads"] >= 2  # the main thread and the helper
+    assert _stacks.UserFrame(*found["user"]) == _stacks.UserFrame(__file__, line, "_dump_here")
 
 
 @pytest.mark.parametrize("text", ["", "garbage\n", "Thread 0xZZ (most recent call first):\n", "\x00" * 64])
