@@ -6,6 +6,11 @@ milliseconds, its arrivals at the step's collective under one: on 2 cores a desc
 arrive 10x later. The straggler rule compared the ranks' *mean* arrivals (1.5x between two ranks sufficed), so such
 outliers named a straggler in some runs and not in others; it now needs a delay of a tenth of the step in most steps
 (``tests/unit/test_report_stragglers.py`` on constructed points). Each verdict says on how many steps it rests.
+
+The job is shorter than a worker's deferred pipeline build: it destroys its process group before the pipeline is
+ready, and the Flight Recorder's entries kept then are its steps' only read. A drain after the build used to record
+the steps' phases without them (no collective wait carved: "healthy" in some runs, "communication-bound" in
+others); every rank's wait for DDP's all-reduce is now carved in every run.
 """
 
 from __future__ import annotations
@@ -56,3 +61,8 @@ def test_each_verdict_says_on_how_many_steps_it_rests(runs: list[dict[str, Any]]
         assert verdict["steps"] == STEPS, verdict
         assert f"over {STEPS} steps" in verdict["reason"], verdict
         assert {s["clock"] for s in run["steps"]} == {"host"} and {s["gpu_idle"] for s in run["steps"]} == {None}
+
+
+def test_every_rank_s_wait_for_the_all_reduce_is_carved_in_every_run(runs: list[dict[str, Any]]) -> None:
+    waits = [[s["phases"]["collective_wait"] for s in run["steps"]] for run in runs]
+    assert all(len(w) == 2 and min(w) > 0 for w in waits), waits

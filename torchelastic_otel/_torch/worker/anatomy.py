@@ -464,7 +464,7 @@ class _State:
     def __init__(self) -> None:
         self.ledger: Ledger | None = None
         self.lock = threading.Lock()
-        self.recorder_enabled: Any = None  # ``collectives.enabled``, given by ``install``
+        self.recorder_enabled: Any = None  # ``collectives.awaiting_read``, given by ``install``
         self.instruments: Any = None  # ``steps.instruments``, given by ``steps``
         self.installed = False
         self.recent: dict[tuple[str, str], collections.deque[float]] = {}  # the last steps' seconds, by phase
@@ -807,7 +807,8 @@ def _around_next(original: Any) -> object:
 
 def install(patches: Patches, recorder_enabled: object = None) -> None:
     """Wrap the phase boundaries once their modules are imported (installing imports no torch); undone by
-    ``patches.restore()``. ``recorder_enabled``: whether the Flight Recorder is read now (``collectives``)."""
+    ``patches.restore()``. ``recorder_enabled``: whether the Flight Recorder will be read for the steps so far
+    (``collectives``)."""
     from torchelastic_otel import _compat
     from torchelastic_otel._torch import imports
 

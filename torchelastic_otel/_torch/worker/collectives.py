@@ -43,7 +43,7 @@ from torchelastic_otel import _compat, _settings
 from torchelastic_otel import _selftelemetry as selftelemetry
 from torchelastic_otel._torch.worker import anatomy, steps
 
-__all__ = ["Group", "status", "summary", "summary_attributes", "read_entries", "tick", "enabled"]
+__all__ = ["Group", "status", "summary", "summary_attributes", "read_entries", "tick", "enabled", "awaiting_read"]
 
 _logger = logging.getLogger("torchelastic_otel")
 
@@ -125,6 +125,12 @@ def enabled() -> bool:
         return bool(dist.is_available() and dist.is_initialized())
     except Exception:
         return False
+
+
+def awaiting_read() -> bool:
+    """Whether the steps taken so far will get the Flight Recorder's entries: the default group is up, or its last
+    entries were kept when it was destroyed before the pipeline was ready (:func:`keep_before_destroy`)."""
+    return enabled() or bool(_arrivals.kept)
 
 
 def _as_int(raw: Any) -> int:
@@ -328,6 +334,15 @@ def keep_before_destroy() -> None:
         selftelemetry.count(selftelemetry.DROPPED, "metrics", "read_at_exit_error")
 
 
+def _read_kept() -> None:
+    """The entries kept at the group's destruction, once the pipeline is ready: the steps before it get their
+    phases and arrivals then, not only at exit (a job may go on without its group)."""
+    from torchelastic_otel import pipeline
+
+    if pipeline.ready() is not None:
+        read_at_exit()
+
+
 def read_at_exit() -> None:
     """What the periodic reads left: the last steps' arrivals and phases (a job shorter than the read interval
     has only these). Runs at exit, before the final collection; never raises."""
@@ -346,6 +361,8 @@ def read_at_exit() -> None:
 def tick() -> list[Group]:
     """The watchdog's tick: the seq gauge from the status; every INTERVAL, the steps' arrivals. The groups seen."""
     if not enabled():
+        if _arrivals.kept:
+            _read_kept()
         return []
     if _arrivals.due():
         started = time.monotonic()

@@ -75,7 +75,7 @@ def install(
 
     patches.on_restore(_drainer.add_periodic(tick, TICK_SECONDS))
     if _settings.GOODPUT.get():
-        anatomy.install(patches, collectives.enabled)
+        anatomy.install(patches, collectives.awaiting_read)
     _read_at_exit(patches)
     _read_before_destroy(patches)
     if add_final_metadata is not None:
