@@ -35,12 +35,13 @@ demo: bytecode
 # waiting (rendezvous, timeouts, a Prometheus scrape), and each file's module-scoped jobs stay in one process. One
 # process a core, at most 4; TEST_JOBS=0 runs them in pytest's own process. The files marked `solo` compare a
 # bridged job's time with plain torchrun's: they run afterwards, alone, so that no other test's job loads the CPUs
-# under one of the two and not the other.
+# under one of the two and not the other. Each part ends with its slowest tests and fixtures (--durations): what to
+# look at first when the suite grows slower.
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
 test: bytecode lint docs stack-deps browser-deps tmux-deps
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not solo" --hypothesis-profile=full
-	$(PY) -m pytest -q -m solo --hypothesis-profile=full
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not solo" --hypothesis-profile=full --durations=30
+	$(PY) -m pytest -q -m solo --hypothesis-profile=full --durations=10
 
 # The unit tests (tests/unit, less the ones marked as starting processes; tests/jobs and tests/stack are not even
 # imported), in TEST_JOBS processes (tests shared out one by one: a unit test's fixtures are cheap), the fuzz tests
