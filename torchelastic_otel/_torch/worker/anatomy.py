@@ -34,7 +34,8 @@ and these instruments:
   carved from the phase in which the rank enqueued the step's last collective (torch's Flight Recorder, read by
   ``collectives``): on the host clock from that moment to the phase's end (the rank waits for the others); on the
   GPU's clock the collective's own GPU duration, where NCCL times its collectives. Where the recorder is read, the
-  steps wait for its next read (every 10 s at least, and at exit);
+  steps wait for its next read (every 10 s at least, at ``destroy_process_group`` and at exit; a group destroyed
+  before the pipeline was ready leaves its last entries for the steps, ``collectives.awaiting_read``);
 - histogram ``torchelastic.worker.step.gpu_idle.duration``: the GPU's idle seconds in each device-clock step;
 - counter ``torchelastic.goodput.time`` {``cause``}: ``startup`` (the process's start to its first step),
   ``input_wait`` (on a CUDA job: the part of the input waits the GPU spent idle; the rest of them the GPU was
