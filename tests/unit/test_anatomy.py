@@ -192,6 +192,56 @@ def test_a_real_loop_s_input_wait_is_what_the_loop_measured(installed: Any) -> N
     assert at_risk["input_wait"] == pytest.approx(goodput["input_wait"])  # no checkpoint: every step is at risk
 
 
+def test_steps_before_a_group_destroyed_early_get_their_wait_from_its_kept_entries(
+    otel: Any, paused_drainer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that destroys its process group before its pipeline is ready (shorter than the deferred build) leaves
+    the Flight Recorder's last entries kept: a drain meanwhile records nothing, and once the pipeline is ready the
+    watchdog's tick carves each step's wait for its last collective out of them. The entries are made here, as a
+    gloo group would record them: one created inside each step's backward (a gradient hook, where DDP enqueues its
+    last bucket); this process has no group, so the recorder itself is the one part not real."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from torchelastic_otel import pipeline
+    from torchelastic_otel._torch.worker import collectives, stalls
+
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
+    patches = Patches()
+    steps.reset()
+    anatomy.install(patches, collectives.awaiting_read)
+    handle = register_optimizer_step_post_hook(steps.optimizer_hook)
+    created: list[int] = []
+    model = torch.nn.Linear(8, 1)
+
+    def enqueued(grad: Any) -> None:
+        created.append(time.time_ns())
+        time.sleep(0.01)  # the wait for the all-reduce, still inside backward
+
+    model.weight.register_hook(enqueued)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        for _ in range(6):
+            torch.nn.functional.mse_loss(model(torch.randn(4, 8)), torch.randn(4, 1)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        monkeypatch.setattr(collectives._arrivals, "kept", [{"time_created_ns": t} for t in created])
+        steps.drain()  # the drainer meanwhile: the steps wait for the kept entries
+        data = otel.reader.get_metrics_data()
+        assert not points_of(data, "torchelastic.worker.step.phase.duration")
+        monkeypatch.setattr(pipeline, "ready", lambda: object())
+        stalls.Watchdog().tick()  # the pipeline is ready: the kept entries are read
+    finally:
+        handle.remove()
+        patches.restore()
+        steps.reset()
+    assert collectives._arrivals.kept == []
+    data = otel.reader.get_metrics_data()
+    waits = [p for attrs, p in points_of(data, "torchelastic.worker.step.phase.duration")
+             if attrs["phase"] == "collective_wait"]  # fmt: skip
+    assert len(waits) == 1 and waits[0].count >= 5, waits
+    assert waits[0].sum >= 0.01 * waits[0].count, waits  # every step's wait, at least
+
+
 def test_uninstall_gives_torch_its_functions_back(otel: Any) -> None:
     from torch.utils.data import dataloader
 

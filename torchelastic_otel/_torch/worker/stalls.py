@@ -78,6 +78,7 @@ class Watchdog:
             return
         if not collectives.enabled():
             self.watching = False  # not initialised yet, or destroyed: no collective to wait in
+            collectives.tick()  # a destroyed group's kept entries, to the steps once the pipeline is ready
             return
         steps.drain()
         groups = collectives.tick()
