@@ -174,6 +174,19 @@ def _lines(text: str) -> Iterator[str]:
         start = end
 
 
+@contextlib.contextmanager
+def _file_lines(path: str) -> Iterator[tuple[str, Iterator[str]]]:
+    """The head of the file at ``path`` (its first 256 characters) and its lines, the head's among them: a small
+    file read whole, a large or gzipped one as a stream (``_small_text``)."""
+    text = _small_text(path)
+    if text is not None:
+        yield text[:256], _lines(text)
+        return
+    with _open(path) as fh:
+        head = fh.read(256)
+        yield head, itertools.chain(_head_lines(head, fh), fh)
+
+
 def _binary(head: str) -> bool:
     """Whether a file beginning with ``head`` is binary (e.g. the Collector's protobuf file format)."""
     return "\x00" in head or "\ufffd" in head
@@ -271,20 +284,11 @@ class Reader:
         name = str(path)
         self.telemetry.files.append(name)
         try:
-            text = _small_text(name)
-            if text is not None:
-                if _binary(text[:256]):
-                    problems.add("not_json_lines", name, "a binary file, not UTF-8 JSON lines")
-                    return
-                for lineno, line in enumerate(_lines(text), 1):
-                    self.read_line(line, f"{name}:{lineno}")
-                return
-            with _open(path) as fh:
-                head = fh.read(256)
+            with _file_lines(name) as (head, lines):
                 if _binary(head):
                     problems.add("not_json_lines", name, "a binary file, not UTF-8 JSON lines")
                     return
-                for lineno, line in enumerate(itertools.chain(_head_lines(head, fh), fh), 1):
+                for lineno, line in enumerate(lines, 1):
                     self.read_line(line, f"{name}:{lineno}")
         except (OSError, EOFError, UnicodeError) as exc:  # unreadable, or a .gz cut short
             problems.add("unreadable_file", name, str(exc)[:_MAX_DETAIL])
