@@ -56,7 +56,7 @@ TESTS = (
 TEST_TOOLS = ("pytest>=8", "pyyaml>=6", "hypothesis>=6.100", "grpcio>=1.60", "setuptools>=77", "wheel")
 
 INSTALL_TIMEOUT = 30 * 60  # seconds for one venv's pip install (a cold one took ~2 min here)
-TEST_TIMEOUT = 30 * 60  # seconds for one combination's tests (2-2.5 min here)
+TEST_TIMEOUT = 30 * 60  # seconds for one combination's tests (docs/versions.md: about 8 min here)
 LOCK_TIMEOUT = 60 * 60  # seconds to wait for another run using the cache
 FREE_BYTES_NEEDED = 8 << 30  # a CUDA-torch venv is 5.3-6.8 GB, plus pip's unpacking
 
@@ -278,7 +278,10 @@ def test(combination: Combination, log: Path) -> Result:
     # PYTHONDONTWRITEBYTECODE every bridged worker would compile the bridge's modules again at start-up).
     run([python, "-m", "compileall", "-q", str(ROOT / "torchelastic_otel")], log, INSTALL_TIMEOUT, clean_env())
     start = log.stat().st_size
-    code = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS], log, TEST_TIMEOUT, clean_env())
+    # --durations: the slowest tests, in the log; one process: most of the time is the files marked ``solo``, which
+    # compare a job's time with plain torchrun's and must run alone (pytest-xdist on the others saved nothing)
+    pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10", *TESTS]
+    code = run(pytest, log, TEST_TIMEOUT, clean_env())
     with log.open("rb") as fh:
         fh.seek(start)
         output = fh.read().decode(errors="replace")

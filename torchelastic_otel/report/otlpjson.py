@@ -619,9 +619,10 @@ def _parallel_worth(total: int) -> bool:
 
 
 #: the share of the bytes the helper reads, so that both halves end together (tuned on a large run, docs/scale.md:
-#: the files are read in name order, the helper's share mostly traces, cheaper a byte than logs and metrics): the
-#: helper also pickles its records, and this process then loads them, a little less work
-HELPER_SHARE = 0.56
+#: files are read in name order, so this process reads the logs and the first metrics files, the helper the other
+#: metrics files, the dearest a byte, and the traces; the helper also pickles its records, and this process then
+#: loads them: about as much work)
+HELPER_SHARE = 0.50
 
 
 def _split(sizes: list[int]) -> int:
