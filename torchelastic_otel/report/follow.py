@@ -50,7 +50,7 @@ from typing import IO, Generic, TypeVar
 
 from torchelastic_otel import _names as names
 from torchelastic_otel.report import figures, memory, model, terminal
-from torchelastic_otel.report.otlpjson import Reader, ReportError, find_files
+from torchelastic_otel.report.otlpjson import HEAD_CHARS, Reader, ReportError, binary_counted, find_files
 from torchelastic_otel.report.records import LogRecord, Point, Problems, Proc, Span, Telemetry
 
 __all__ = [
@@ -86,9 +86,8 @@ BUILD_SHARE = 0.25
 #: intervals a rebuild is put off while reading falls behind the files (a read takes longer than an interval): the
 #: reading catches up first, and the view is rebuilt at the latest this much later than it would have been
 CATCH_UP = 4
-#: the characters of a file's beginning that tell a binary file, as ``report`` looks at them
-_HEAD_CHARS = 256
-_HEAD_BYTES = 4 * _HEAD_CHARS + 4  # bytes enough for that many whole characters
+#: bytes enough for the whole characters of a file's beginning that tell a binary file (``otlpjson.HEAD_CHARS``)
+_HEAD_BYTES = 4 * HEAD_CHARS + 4
 #: the bytes before where a file was read that must be there still for a file found under a new name to be the same
 _TAIL_BYTES = 256
 
@@ -375,11 +374,10 @@ class Tail:
         buffer = found.partial + data if found.partial else data
         if not found.checked and (len(buffer) >= _HEAD_BYTES or b"\n" in buffer):
             end = len(buffer) if len(buffer) >= _HEAD_BYTES else buffer.rfind(b"\n") + 1
-            head = buffer[: min(end, _HEAD_BYTES)].decode("utf-8", "replace")[:_HEAD_CHARS]
+            head = buffer[: min(end, _HEAD_BYTES)].decode("utf-8", "replace")[:HEAD_CHARS]
             found.checked = True
-            if "\x00" in head or "\ufffd" in head:  # binary, e.g. the Collector's protobuf format
+            if binary_counted(head, self.problems, found.path):
                 found.binary, found.partial = True, b""
-                self.problems.add("not_json_lines", found.path, "a binary file, not UTF-8 JSON lines")
                 return []
         cut = buffer.rfind(b"\n")
         if cut < 0:
@@ -402,9 +400,8 @@ class Tail:
         lines: list[Line] = []
         try:
             with gzip.open(found.path, "rt", encoding="utf-8", errors="replace") as fh:
-                head = fh.read(_HEAD_CHARS)
-                if "\x00" in head or "\ufffd" in head:
-                    self.problems.add("not_json_lines", found.path, "a binary file, not UTF-8 JSON lines")
+                head = fh.read(HEAD_CHARS)
+                if binary_counted(head, self.problems, found.path):
                     return
                 rest = fh.readline()
                 for number, line in enumerate([*(head + rest).splitlines(keepends=True), *fh], 1):

@@ -44,7 +44,7 @@ from torchelastic_otel.report.otlpvalues import (
     point_value_of,
     string,
 )
-from torchelastic_otel.report.records import Distribution, Point, Proc, SpanEvent, Telemetry
+from torchelastic_otel.report.records import Distribution, Point, Problems, Proc, SpanEvent, Telemetry
 from torchelastic_otel.report.sink import Procs, Sink
 
 __all__ = ["ReportError", "Reader", "read", "find_files"]
@@ -176,20 +176,29 @@ def _lines(text: str) -> Iterator[str]:
 
 @contextlib.contextmanager
 def _file_lines(path: str) -> Iterator[tuple[str, Iterator[str]]]:
-    """The head of the file at ``path`` (its first 256 characters) and its lines, the head's among them: a small
-    file read whole, a large or gzipped one as a stream (``_small_text``)."""
+    """The head of the file at ``path`` (its first ``HEAD_CHARS`` characters) and its lines, the head's among them: a
+    small file read whole, a large or gzipped one as a stream (``_small_text``)."""
     text = _small_text(path)
     if text is not None:
-        yield text[:256], _lines(text)
+        yield text[:HEAD_CHARS], _lines(text)
         return
     with _open(path) as fh:
-        head = fh.read(256)
+        head = fh.read(HEAD_CHARS)
         yield head, itertools.chain(_head_lines(head, fh), fh)
 
 
-def _binary(head: str) -> bool:
-    """Whether a file beginning with ``head`` is binary (e.g. the Collector's protobuf file format)."""
-    return "\x00" in head or "\ufffd" in head
+#: the characters of a file's beginning that tell whether it is binary (``binary_counted``)
+HEAD_CHARS = 256
+
+
+def binary_counted(head: str, problems: Problems, path: str) -> bool:
+    """Whether the file at ``path``, beginning with ``head`` (its first ``HEAD_CHARS`` characters, decoded with
+    replacement), is binary (e.g. the Collector's protobuf file format); if so, it is counted in ``problems``. The
+    reader and the follower (``follow``) tell and count a binary file alike."""
+    if "\x00" in head or "\ufffd" in head:
+        problems.add("not_json_lines", path, "a binary file, not UTF-8 JSON lines")
+        return True
+    return False
 
 
 def _open(path: str | Path) -> IO[str]:
@@ -285,8 +294,7 @@ class Reader:
         self.telemetry.files.append(name)
         try:
             with _file_lines(name) as (head, lines):
-                if _binary(head):
-                    problems.add("not_json_lines", name, "a binary file, not UTF-8 JSON lines")
+                if binary_counted(head, problems, name):
                     return
                 for lineno, line in enumerate(lines, 1):
                     self.read_line(line, f"{name}:{lineno}")
