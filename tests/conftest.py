@@ -28,6 +28,7 @@ import torchelastic_otel
 from tests.support.otel import KEEP_ALIVE, InMemoryOtel
 from torchelastic_otel import events as te_events
 from torchelastic_otel import pipeline
+from torchelastic_otel._export import drainer as _drainer
 from torchelastic_otel.metrics import api as te_metrics_api
 
 # The test modules' bytecode, their assertions rewritten, is written beside them as pytest writes it by default, also
@@ -61,7 +62,10 @@ def clean_state() -> Iterator[None]:
 
 @pytest.fixture
 def otel(clean_state: None) -> Iterator[InMemoryOtel]:
-    """The bridge set up (``torchelastic_otel.setup``) with in-memory SDK providers; the pipeline is forgotten after."""
+    """The bridge set up (``torchelastic_otel.setup``) with in-memory SDK providers; the pipeline is forgotten after,
+    what its buffers still hold handed to it first: an item exported later (a checkpoint call the drainer was paused
+    for) would build a pipeline of its own from the environment, OTLP to localhost:4317 by default, whose exit
+    flush waits out its timeout."""
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
@@ -77,13 +81,12 @@ def otel(clean_state: None) -> Iterator[InMemoryOtel]:
     try:
         yield InMemoryOtel(tracer_provider, meter_provider, logger_provider, spans, logs, reader)
     finally:
+        _drainer.drain_all()
         pipeline._reset_for_tests()
 
 
 @pytest.fixture
 def paused_drainer() -> Iterator[Any]:
     """Suspend the background drainer so only flushes and collections move buffered values."""
-    from torchelastic_otel._export import drainer as _drainer
-
     with _drainer.paused():
         yield _drainer
