@@ -62,10 +62,7 @@ def clean_state() -> Iterator[None]:
 
 @pytest.fixture
 def otel(clean_state: None) -> Iterator[InMemoryOtel]:
-    """The bridge set up (``torchelastic_otel.setup``) with in-memory SDK providers; the pipeline is forgotten after,
-    what its buffers still hold handed to it first: an item exported later (a checkpoint call the drainer was paused
-    for) would build a pipeline of its own from the environment, OTLP to localhost:4317 by default, whose exit
-    flush waits out its timeout."""
+    """The bridge set up (``torchelastic_otel.setup``) with in-memory SDK providers; the pipeline is forgotten after."""
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
@@ -81,7 +78,6 @@ def otel(clean_state: None) -> Iterator[InMemoryOtel]:
     try:
         yield InMemoryOtel(tracer_provider, meter_provider, logger_provider, spans, logs, reader)
     finally:
-        _drainer.drain_all()
         pipeline._reset_for_tests()
 
 

@@ -772,7 +772,10 @@ def renew() -> None:
 
 
 def _reset_for_tests() -> None:
-    """Forget the pipeline without touching providers (tests install their own), and any placeholders."""
+    """Forget the pipeline without touching providers (tests install their own), and any placeholders; what the
+    buffers hold goes to that pipeline first, as ``forget`` flushes first: drained later, it would build a pipeline
+    of its own from the environment (OTLP to localhost:4317 by default), whose exit flush waits out its timeout."""
+    _drainer.drain_all()
     with state.lock:
         for signal in _SIGNALS:
             current = _compat.global_provider(signal)
