@@ -451,6 +451,35 @@ def test_the_typed_path_reads_what_the_general_path_reads(job_files: Path) -> No
     assert not all(taken), "some lines are the general path's"
 
 
+def test_equal_histogram_texts_are_converted_once(job_files: Path) -> None:
+    """The typed path converts a histogram point's bounds and bucket counts once for equal texts (a metric's points
+    share their bounds; a cumulative histogram repeats its counts): the points are those the general path reads,
+    counts that do not match their bounds are dropped alike, and equal texts give one tuple."""
+    doc = json.loads((job_files / "metrics-rank0-restart0.jsonl").read_text().splitlines()[0])
+
+    def point(time: int, counts: list[object], bounds: list[object]) -> dict[str, object]:
+        return {"timeUnixNano": str(time), "count": "3", "sum": 1.5, "bucketCounts": counts, "explicitBounds": bounds}
+
+    same, other = (["1", "2"], [1.0]), (["0", "3"], [1.0])
+    points = [point(1, *same), point(2, *other), point(3, *same), point(4, ["1"], [1.0]), point(5, [1, 2], [1])]
+    doc["resourceMetrics"][0]["scopeMetrics"][0]["metrics"] = [
+        {"name": "h", "unit": "s", "histogram": {"dataPoints": points, "aggregationTemporality": 2}}
+    ]
+    line = json.dumps(doc, separators=(",", ":")) + "\n"
+    fast, general = _read_lines([line, line], typed=True), _read_lines([line, line], typed=False)
+    assert fast == general and not fast[4], "the same points, no problem"
+    read = fast[2]
+    assert [(p.bounds, p.buckets) for p in read[:5]] == [
+        ((1.0,), (1, 2)),
+        ((1.0,), (0, 3)),
+        ((1.0,), (1, 2)),
+        ((), ()),
+        ((1.0,), (1, 2)),
+    ], "counts that do not match their bounds are dropped"
+    assert read[0].buckets is read[2].buckets, "equal texts: one tuple (not the last point's: it had other counts)"
+    assert read[0].bounds is read[1].bounds is read[4].bounds, "equal bounds: one tuple"
+
+
 def test_reading_ends_with_its_caches_freed(job_files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader's caches (decoded ids, attribute sets, the typed path's texts: hundreds of MB at 1,000 nodes)
     are freed by reference counting when ``read`` returns: the report then builds its views with cyclic collection

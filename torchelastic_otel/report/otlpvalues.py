@@ -198,23 +198,41 @@ _BOUND_TYPES, _COUNT_TYPES = frozenset((float, int, str)), frozenset((int, str))
 def distribution(
     point: Distribution, total: object, raw_bounds: object, raw_buckets: object, low: object, high: object
 ) -> None:
-    """A histogram point's sum, bounds, bucket counts, min and max from their fields as written (buckets that do
-    not match their bounds are dropped: the point keeps its mean; a negative count is kept, for ``figures`` to
-    count where the report would compute with it)."""
+    """A histogram point's sum, bounds, bucket counts, min and max from their fields as written (``buckets``)."""
+    fill_distribution(point, total, buckets(raw_bounds, raw_buckets), low, high)
+
+
+def fill_distribution(
+    point: Distribution,
+    total: object,
+    bounds_and_counts: tuple[tuple[float, ...], tuple[int, ...]],
+    low: object,
+    high: object,
+) -> None:
+    """``distribution``, its bounds and bucket counts given as ``buckets`` made them (the typed path makes them once
+    for equal texts)."""
     point.total = None if total is None else double(total, "sum")
+    point.bounds, point.buckets = bounds_and_counts
+    point.low = None if low is None else double(low, "min")
+    point.high = None if high is None else double(high, "max")
+
+
+def buckets(raw_bounds: object, raw_buckets: object) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """A histogram point's bounds and bucket counts from their fields as written; both empty when the counts do not
+    match the bounds (the point keeps its mean; a negative count is kept, for ``figures`` to count where the report
+    would compute with it)."""
     bound_list, bucket_list = json_list(raw_bounds, "explicit_bounds"), json_list(raw_buckets, "bucket_counts")
     try:  # the common case at C speed: numbers (bounds), decimal strings (counts)
         if not (_BOUND_TYPES.issuperset(map(type, bound_list)) and _COUNT_TYPES.issuperset(map(type, bucket_list))):
             raise TypeError("not the common case")
         bounds = tuple(map(float, cast("list[float | int | str]", bound_list)))  # their types: checked just above
-        buckets = tuple(map(int, cast("list[int | str]", bucket_list)))
+        counts = tuple(map(int, cast("list[int | str]", bucket_list)))
     except (TypeError, ValueError):
         bounds = tuple(double(b, "explicit_bounds") for b in bound_list)
-        buckets = tuple(int64(n, "bucket_counts") for n in bucket_list)
-    if buckets and len(buckets) == len(bounds) + 1:
-        point.bounds, point.buckets = bounds, buckets
-    point.low = None if low is None else double(low, "min")
-    point.high = None if high is None else double(high, "max")
+        counts = tuple(int64(n, "bucket_counts") for n in bucket_list)
+    if counts and len(counts) == len(bounds) + 1:
+        return bounds, counts
+    return (), ()
 
 
 EMPTY: Attrs = {}

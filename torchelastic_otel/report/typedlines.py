@@ -3,8 +3,9 @@
 Most of the general path's time on a large run goes to making and converting objects no view reads: every attribute
 list is a list of ``{"key": ..., "value": {"stringValue": ...}}`` dicts, repeated on millions of records (every
 rank's ``{"step": 5}``, every output line's stream), and every item carries fields nothing reads (descriptions,
-flags, scopes). Decoded by msgspec into the ``Struct`` s below, an attribute list or a resource stays its raw JSON
-text (``msgspec.Raw``: found, not parsed), which is looked up by its bytes: each distinct one is converted once.
+flags, scopes). Decoded by msgspec into the ``Struct`` s below, an attribute list, a resource and a histogram
+point's bounds and bucket counts stay their raw JSON text (``msgspec.Raw``: found, not parsed), which is looked up by
+its bytes: each distinct one is converted once.
 Fields no view reads are skipped by the parser.
 
 The fast path takes only what it can take exactly as the general path (``otlpjson.Reader``) would: a line the
@@ -69,8 +70,8 @@ class _DataPoint(Struct, rename="camel"):
     as_int: object = None
     count: object = None
     sum: object = None
-    explicit_bounds: object = None
-    bucket_counts: object = None
+    explicit_bounds: Raw = _NULL  # both by their text: equal texts are converted once (``_buckets``)
+    bucket_counts: Raw = _NULL
     min: object = None
     max: object = None
 
@@ -164,10 +165,12 @@ class TypedLines:
         self._time: tuple[str | None, int] = (None, 0)
         #: (process, metric, attributes) -> its last histogram point (``_share_counts``)
         self._streams: dict[tuple[Proc, str, int], Distribution] = {}
+        #: a histogram point's (bounds, bucket counts) texts -> the bounds and counts (``_buckets``)
+        self._bucket_texts: dict[tuple[bytes, bytes], tuple[tuple[float, ...], tuple[int, ...]]] = {}
 
     def forget(self) -> None:
         """Forget the texts seen (``Reader.forget``)."""
-        self._attrs, self._procs, self._streams = {}, {}, {}
+        self._attrs, self._procs, self._streams, self._bucket_texts = {}, {}, {}, {}
 
     def read(self, text: str, pinned: Proc | None, pinned_key: str | None) -> Line:
         """Read ``text`` (a line, its first resource perhaps cut out: then ``pinned`` is the process of the first
@@ -253,6 +256,16 @@ class TypedLines:
             return attrs
         return self._sink.shared(attrs)
 
+    def _buckets(self, key: tuple[bytes, bytes]) -> tuple[tuple[float, ...], tuple[int, ...]]:
+        """The bounds and bucket counts of a histogram point's texts of them not remembered yet (``otlpvalues.buckets``,
+        the bounds one tuple for equal bounds), remembered: a metric's points share their bounds, and a cumulative
+        histogram repeats its counts until it sees something new (up to ``MAX_REMEMBERED`` pairs)."""
+        bounds, counts = general.buckets(_DECODE_ANY(key[0]), _DECODE_ANY(key[1]))
+        found = (self._sink.shared_bounds(bounds), counts)
+        if len(self._bucket_texts) < MAX_REMEMBERED:
+            self._bucket_texts[key] = found
+        return found
+
     def _share_counts(self, point: Distribution) -> None:
         """The bucket counts and the count of a histogram point: the objects of its stream's last point when equal
         (a cumulative histogram that saw nothing new since the last export repeats them)."""
@@ -325,7 +338,7 @@ class TypedLines:
         name = general.intern(name if type(name) is str else general.string(name, "name"))
         unit = general.intern(unit if type(unit) is str else general.string(unit, "unit"))
         append = self._sink.telemetry.points.append
-        known = self._attrs.get
+        known, buckets = self._attrs.get, self._bucket_texts.get
         time_text, time = self._time
         for kind, data in (("gauge", metric.gauge), ("sum", metric.sum), ("histogram", metric.histogram)):
             if data is None:
@@ -348,8 +361,11 @@ class TypedLines:
                     attrs = self._converted(key)
                 if histogram:
                     dist = Distribution(name, kind, unit, time, number, attrs, proc, monotonic, count)
-                    general.distribution(dist, dp.sum, dp.explicit_bounds, dp.bucket_counts, dp.min, dp.max)
-                    dist.bounds = self._sink.shared_bounds(dist.bounds)
+                    texts = (bytes(dp.explicit_bounds), bytes(dp.bucket_counts))
+                    found = buckets(texts)
+                    general.fill_distribution(
+                        dist, dp.sum, found if found is not None else self._buckets(texts), dp.min, dp.max
+                    )
                     self._share_counts(dist)
                     append(dist)
                 else:
