@@ -451,7 +451,7 @@ def test_the_typed_path_reads_what_the_general_path_reads(job_files: Path) -> No
     assert not all(taken), "some lines are the general path's"
 
 
-def test_equal_histogram_texts_are_converted_once(job_files: Path) -> None:
+def test_equal_histogram_texts_are_converted_once(job_files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The typed path converts a histogram point's bounds and bucket counts once for equal texts (a metric's points
     share their bounds; a cumulative histogram repeats its counts): the points are those the general path reads,
     counts that do not match their bounds are dropped alike, and equal texts give one tuple."""
@@ -478,6 +478,8 @@ def test_equal_histogram_texts_are_converted_once(job_files: Path) -> None:
     ], "counts that do not match their bounds are dropped"
     assert read[0].buckets is read[2].buckets, "equal texts: one tuple (not the last point's: it had other counts)"
     assert read[0].bounds is read[1].bounds is read[4].bounds, "equal bounds: one tuple"
+    monkeypatch.setattr(otlpjson.typedlines, "MAX_BUCKET_TEXTS", 1)  # a busy run's: past the limit, each converted
+    assert _read_lines([line, line], typed=True) == general
 
 
 def test_reading_ends_with_its_caches_freed(job_files: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -131,6 +131,10 @@ _DECODE_ANY = msgspec.json.Decoder().decode
 #: distinct attribute lists (or resources) remembered by their text; past this many, new ones are converted each
 #: time (a run whose every record has its own attributes would otherwise keep each one's text twice)
 MAX_REMEMBERED = 1 << 18
+#: distinct histogram (bounds, bucket counts) texts remembered: a quiet histogram repeats its counts, a busy one's
+#: cumulative counts differ at every export; past this many, a new pair is converted each time (the texts of a busy
+#: run's every point would take more memory than they save time)
+MAX_BUCKET_TEXTS = 1 << 14
 #: read for the summary (``TypedLines(short_texts=True)``), attribute lists longer than this (bytes) are not
 #: remembered: those are a record's own (a rank's status with its metadata, an exception with its traceback), seldom
 #: seen twice, and their texts would take more memory than the records the summary keeps
@@ -259,10 +263,10 @@ class TypedLines:
     def _buckets(self, key: tuple[bytes, bytes]) -> tuple[tuple[float, ...], tuple[int, ...]]:
         """The bounds and bucket counts of a histogram point's texts of them not remembered yet (``otlpvalues.buckets``,
         the bounds one tuple for equal bounds), remembered: a metric's points share their bounds, and a cumulative
-        histogram repeats its counts until it sees something new (up to ``MAX_REMEMBERED`` pairs)."""
+        histogram repeats its counts until it sees something new (up to ``MAX_BUCKET_TEXTS`` pairs)."""
         bounds, counts = general.buckets(_DECODE_ANY(key[0]), _DECODE_ANY(key[1]))
         found = (self._sink.shared_bounds(bounds), counts)
-        if len(self._bucket_texts) < MAX_REMEMBERED:
+        if len(self._bucket_texts) < MAX_BUCKET_TEXTS:
             self._bucket_texts[key] = found
         return found
 
