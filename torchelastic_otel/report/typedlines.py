@@ -342,7 +342,7 @@ class TypedLines:
         name = general.intern(name if type(name) is str else general.string(name, "name"))
         unit = general.intern(unit if type(unit) is str else general.string(unit, "unit"))
         append = self._sink.telemetry.points.append
-        known, buckets = self._attrs.get, self._bucket_texts.get
+        known, known_buckets = self._attrs.get, self._bucket_texts.get
         time_text, time = self._time
         for kind, data in (("gauge", metric.gauge), ("sum", metric.sum), ("histogram", metric.histogram)):
             if data is None:
@@ -366,7 +366,7 @@ class TypedLines:
                 if histogram:
                     dist = Distribution(name, kind, unit, time, number, attrs, proc, monotonic, count)
                     texts = (bytes(dp.explicit_bounds), bytes(dp.bucket_counts))
-                    found = buckets(texts)
+                    found = known_buckets(texts)
                     general.fill_distribution(
                         dist, dp.sum, found if found is not None else self._buckets(texts), dp.min, dp.max
                     )
